@@ -1,0 +1,38 @@
+# mpjobs: `make test` installs everything into .venv, then runs the suite.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+EXTRAS ?= cpu,dev
+INSTALLED := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+comma := ,
+
+.PHONY: install test lint train-example clean redis-server
+
+$(INSTALLED): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	touch $@
+
+install: $(INSTALLED)
+
+# Tests start their own redis-server on a free port; install Debian's if missing.
+redis-server:
+	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
+
+test: install redis-server
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check app worker tests bench
+	$(VENV)/bin/mypy
+
+bench: install
+	$(PY) -m bench.engine_overhead
+
+# Trains the example spec locally, with no Redis: one JSON line per step.
+train-example: install
+	$(PY) -m worker.train examples/mlp_mixed_float16.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""mpjobs API: HTTP and Redis only. Never imports TensorFlow or `worker`."""

@@ -1,0 +1,25 @@
+"""Settings, read from the environment (and `.env`) by pydantic-settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore")
+
+    redis_url: str = "redis://localhost:6379/0"
+    artifacts_dir: Path = Path("var/artifacts")
+    """Per-job folders: checkpoints and the trained `model.keras`."""
+    data_root: Path = Path("var/data")
+    """`npz` datasets are resolved inside this folder and may never leave it."""
+    report_interval_s: float = 0.05
+    """Longest a finished step waits in the worker before it is reported."""
+    report_max_records: int = 256
+    """Most step records held before a report is forced."""
+
+
+def get_settings() -> Settings:
+    return Settings()

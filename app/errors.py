@@ -1,0 +1,67 @@
+"""Domain errors shared by the API and the worker.
+
+Error tree::
+
+    MpjobsError
+    └── JobFailed            a job ended with a named FailureReason
+        ├── InvalidModel         reason=invalid_model
+        ├── InvalidDataset       reason=invalid_dataset
+        ├── Diverged             reason=diverged
+        └── UnsupportedPrecision reason=unsupported_precision_on_device
+
+Lower-layer errors (TensorFlow, Keras, OS) are mapped to these in one place per
+layer and never reach a user as a raw traceback.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class FailureReason(str, Enum):
+    """Why a job failed. Stable strings: they are part of the API."""
+
+    INVALID_SPEC = "invalid_spec"
+    INVALID_MODEL = "invalid_model"
+    INVALID_DATASET = "invalid_dataset"
+    DIVERGED = "diverged"
+    UNSUPPORTED_PRECISION_ON_DEVICE = "unsupported_precision_on_device"
+    TIMEOUT = "timeout"
+    CANCELED = "canceled"
+    WORKER_LOST = "worker_lost"
+    INTERNAL = "internal"
+
+
+class MpjobsError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class JobFailed(MpjobsError):
+    """A job cannot continue. `reason` is machine-readable, `message` is advice."""
+
+    reason: FailureReason = FailureReason.INTERNAL
+
+    def __init__(self, message: str, reason: FailureReason | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if reason is not None:
+            self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.reason.value}: {self.message}"
+
+
+class InvalidModel(JobFailed):
+    reason = FailureReason.INVALID_MODEL
+
+
+class InvalidDataset(JobFailed):
+    reason = FailureReason.INVALID_DATASET
+
+
+class Diverged(JobFailed):
+    reason = FailureReason.DIVERGED
+
+
+class UnsupportedPrecision(JobFailed):
+    reason = FailureReason.UNSUPPORTED_PRECISION_ON_DEVICE

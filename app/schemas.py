@@ -1,0 +1,375 @@
+"""The job spec and the telemetry records: shared by the API and the worker.
+
+Every field is bounded, unknown fields are rejected and so are NaN and
+Infinity, so a spec that validates here can be trusted by the engine.
+
+>>> spec = JobSpec.model_validate({"model": {"name": "mlp"},
+...                                "precision_policy": "mixed_float16"})
+>>> spec.loss_scale
+DynamicLossScale(mode='dynamic', initial_scale=32768.0, growth_steps=2000)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from enum import Enum
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+MAX_KERAS_JSON_CHARS = 1_000_000
+"""A model config larger than this is refused before it is parsed."""
+MAX_KERAS_JSON_DEPTH = 64
+"""Deeper nesting than any real model config; refused before Keras sees it."""
+
+
+class PrecisionPolicy(str, Enum):
+    FLOAT32 = "float32"
+    MIXED_FLOAT16 = "mixed_float16"
+    MIXED_BFLOAT16 = "mixed_bfloat16"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+
+    @property
+    def compute_dtype(self) -> str:
+        return self.value.removeprefix("mixed_")
+
+    @property
+    def variable_dtype(self) -> str:
+        return "float32" if self.value.startswith("mixed_") else self.value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+# --- model -----------------------------------------------------------------
+
+
+class MlpModel(_Strict):
+    name: Literal["mlp"]
+    input_dim: int = Field(784, ge=1, le=65_536)
+    hidden_units: int = Field(128, ge=1, le=16_384)
+    classes: int = Field(10, ge=2, le=10_000)
+
+
+class CnnModel(_Strict):
+    name: Literal["cnn"]
+    image_size: int = Field(32, ge=8, le=512)
+    filters: int = Field(32, ge=1, le=1024)
+    classes: int = Field(10, ge=2, le=10_000)
+
+
+class Conv3dUnetModel(_Strict):
+    """Conv3D + BatchNorm + MaxPool3D + UpSampling3D, the reported zero-gradient net.
+
+    Its loss is the voxel mean over a full `reference_edge`³ scan of which each
+    sample is a `volume`³ crop, so every output voxel gets the gradient
+    1 / reference_edge³: at 384³ that is 1.8e-8, below float16's smallest
+    subnormal (6e-8), exactly as in the full-size report.
+    """
+
+    name: Literal["conv3d_unet"]
+    volume: int = Field(16, ge=4, le=256, multiple_of=2)
+    filters: int = Field(8, ge=1, le=256)
+    reference_edge: int = Field(384, ge=1, le=4096)
+
+
+class TransformerModel(_Strict):
+    name: Literal["transformer"]
+    seq_len: int = Field(64, ge=2, le=8192)
+    vocab_size: int = Field(1000, ge=2, le=262_144)
+    d_model: int = Field(64, ge=8, le=8192)
+    heads: int = Field(4, ge=1, le=128)
+    layers: int = Field(2, ge=1, le=64)
+    ffn_dim: int = Field(256, ge=8, le=65_536)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    classes: int = Field(10, ge=2, le=10_000)
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> TransformerModel:
+        if self.d_model % self.heads:
+            raise ValueError(
+                f"model.d_model must be a multiple of model.heads. "
+                f"Received: d_model={self.d_model}, heads={self.heads}"
+            )
+        return self
+
+
+KerasLoss = Literal[
+    "sparse_categorical_crossentropy",
+    "categorical_crossentropy",
+    "binary_crossentropy",
+    "mean_squared_error",
+    "mean_absolute_error",
+    "huber",
+    "output_mean",
+]
+
+
+class KerasJsonModel(_Strict):
+    """Bring your own architecture as `model.to_json()`: no code, no Lambda layers.
+
+    `output_mean` is the mean of the model's output, the loss of the
+    zero-gradient report; the others are Keras losses by name.
+    """
+
+    keras_json: str = Field(min_length=2, max_length=MAX_KERAS_JSON_CHARS)
+    loss: KerasLoss
+
+
+    @field_validator("keras_json")
+    @classmethod
+    def _no_code(cls, value: str) -> str:
+        check_keras_json(value)
+        return value
+
+
+def walk_config(node: Any, depth: int = 0) -> Iterator[dict[str, Any]]:
+    """Every dict in a Keras config, depth first; refuses absurd nesting."""
+    if depth > MAX_KERAS_JSON_DEPTH:
+        raise ValueError(f"model.keras_json is nested deeper than {MAX_KERAS_JSON_DEPTH} levels.")
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from walk_config(value, depth + 1)
+    elif isinstance(node, list):
+        for value in node:
+            yield from walk_config(value, depth + 1)
+
+
+def check_keras_json(text: str) -> dict[str, Any]:
+    """Refuse configs that could run code (Lambda, custom or non-Keras classes),
+    before Keras parses a single layer."""
+    try:
+        config = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"model.keras_json is not valid JSON: {exc}") from None
+    if not isinstance(config, dict) or config.get("class_name") not in {"Sequential", "Functional", "Model"}:
+        raise ValueError(
+            "model.keras_json must be a Sequential or Functional model from model.to_json(). "
+            f"Received: class_name={config.get('class_name') if isinstance(config, dict) else None!r}"
+        )
+    for node in walk_config(config):
+        name = node.get("class_name")
+        if name is None:
+            continue
+        if name == "Lambda":
+            raise ValueError("model.keras_json contains a Lambda layer, which runs code; only built-in layers are allowed.")
+        module = node.get("module")
+        if module is not None and not str(module).startswith("keras"):
+            raise ValueError(
+                f"model.keras_json uses {name!r} from module {module!r}; only Keras's own classes are allowed."
+            )
+        registered = node.get("registered_name")
+        if registered is not None and registered != name:
+            raise ValueError(
+                f"model.keras_json uses the custom object {registered!r}; only Keras's own classes are allowed."
+            )
+    return config
+
+
+BUILTIN_MODELS = ("mlp", "cnn", "conv3d_unet", "transformer")
+
+
+def _model_tag(value: Any) -> str | None:
+    if isinstance(value, BaseModel):
+        return "keras_json" if isinstance(value, KerasJsonModel) else value.name  # type: ignore[attr-defined]
+    if isinstance(value, dict):
+        return "keras_json" if "keras_json" in value else value.get("name")
+    return None
+
+
+ModelSpec = Annotated[
+    Annotated[MlpModel, Tag("mlp")]
+    | Annotated[CnnModel, Tag("cnn")]
+    | Annotated[Conv3dUnetModel, Tag("conv3d_unet")]
+    | Annotated[TransformerModel, Tag("transformer")]
+    | Annotated[KerasJsonModel, Tag("keras_json")],
+    Discriminator(
+        _model_tag,
+        custom_error_type="invalid_model",
+        custom_error_message=(
+            "model must be {'name': one of 'mlp', 'cnn', 'conv3d_unet', "
+            "'transformer'} or {'keras_json': ..., 'loss': ...}"
+        ),
+    ),
+]
+
+
+# --- loss scale -------------------------------------------------------------
+
+
+class LossScaleMode(str, Enum):
+    NONE = "none"
+    FIXED = "fixed"
+    DYNAMIC = "dynamic"
+
+
+class NoLossScale(_Strict):
+    mode: Literal["none"] = "none"
+
+
+class FixedLossScale(_Strict):
+    mode: Literal["fixed"] = "fixed"
+    scale: float = Field(1024.0, ge=1.0, le=2.0**64)
+
+
+class DynamicLossScale(_Strict):
+    mode: Literal["dynamic"] = "dynamic"
+    initial_scale: float = Field(32768.0, ge=1.0, le=2.0**64)
+    growth_steps: int = Field(2000, ge=1, le=1_000_000)
+
+
+LossScale = Annotated[
+    NoLossScale | FixedLossScale | DynamicLossScale, Field(discriminator="mode")
+]
+
+
+# --- training, data, spec ---------------------------------------------------
+
+
+class TrainingSpec(_Strict):
+    steps: int = Field(200, ge=1, le=10_000_000)
+    batch_size: int = Field(32, ge=1, le=65_536)
+    optimizer: Literal["adam", "adamw", "sgd", "rmsprop"] = "adam"
+    learning_rate: float = Field(0.001, gt=0.0, le=10.0)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    checkpoint_every: int = Field(50, ge=1, le=10_000_000)
+
+
+class SyntheticDataset(_Strict):
+    """Inputs drawn from N(0, 1); labels from a fixed random teacher network."""
+
+    kind: Literal["synthetic"] = "synthetic"
+    samples: int = Field(4096, ge=1, le=10_000_000)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+
+
+class NpzDataset(_Strict):
+    """Arrays `x` and `y` in a `.npz` file under the configured data root."""
+
+    kind: Literal["npz"] = "npz"
+    path: str = Field(min_length=1, max_length=1024)
+
+    @field_validator("path")
+    @classmethod
+    def _relative_inside_root(cls, value: str) -> str:
+        path = PurePosixPath(value)
+        if path.is_absolute() or ".." in path.parts or "\\" in value or "\0" in value:
+            raise ValueError(
+                "dataset.path must be relative to the data root, without '..'. "
+                f"Received: path={value!r}"
+            )
+        return value
+
+
+def _dataset_tag(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("kind", "synthetic")
+    return getattr(value, "kind", None)
+
+
+DatasetSpec = Annotated[
+    Annotated[SyntheticDataset, Tag("synthetic")] | Annotated[NpzDataset, Tag("npz")],
+    Discriminator(
+        _dataset_tag,
+        custom_error_type="invalid_dataset",
+        custom_error_message="dataset.kind must be one of 'synthetic', 'npz'",
+    ),
+]
+
+
+class JobSpec(_Strict):
+    name: str | None = Field(None, max_length=200)
+    model: ModelSpec
+    precision_policy: PrecisionPolicy = PrecisionPolicy.FLOAT32
+    loss_scale: LossScale | None = None
+    """None means the default: dynamic when the policy computes in float16."""
+    training: TrainingSpec = TrainingSpec()
+    dataset: DatasetSpec = SyntheticDataset()
+    device: Literal["any", "cpu", "gpu"] = "any"
+
+    @field_validator("loss_scale", mode="before")
+    @classmethod
+    def _bare_mode(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value not in {m.value for m in LossScaleMode}:
+                raise ValueError(
+                    "loss_scale must be one of 'none', 'fixed', 'dynamic'. "
+                    f"Received: loss_scale={value!r}"
+                )
+            return {"mode": value}
+        return value
+
+    @model_validator(mode="after")
+    def _default_loss_scale(self) -> JobSpec:
+        if self.loss_scale is None:
+            default: NoLossScale | DynamicLossScale = (
+                DynamicLossScale()
+                if self.precision_policy.compute_dtype == "float16"
+                else NoLossScale()
+            )
+            object.__setattr__(self, "loss_scale", default)
+        return self
+
+
+# --- telemetry --------------------------------------------------------------
+
+
+class StepRecord(_Strict):
+    """One optimizer step. Non-finite values are null (JSON has no NaN)."""
+
+    step: int
+    loss: float | None
+    """That batch's unscaled loss, not Keras's running mean."""
+    loss_scale: float
+    grad_norm: float | None
+    """Global L2 norm of the unscaled gradients."""
+    grads_finite: bool
+    skipped: bool
+    """True when the update was not applied."""
+    zero_grad_fraction: float
+    """Share of gradient elements that are exactly zero: the underflow signal."""
+    learning_rate: float
+    examples_per_sec: float
+    step_time_ms: float
+    time: float
+    """Unix time at the end of the step."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+class Diagnosis(_Strict):
+    code: Literal[
+        "gradient_underflow",
+        "overflow_skips",
+        "diverged",
+        "slow_precision_on_device",
+        "float32_fallback",
+    ]
+    message: str
+    first_step: int | None
+
+
+class Summary(_Strict):
+    steps_done: int
+    final_loss: float | None
+    """Mean batch loss over the last steps (up to 10), so one batch cannot decide it."""
+    skipped_steps: int
+    loss_scale_min: float | None
+    loss_scale_max: float | None
+    loss_scale_final: float | None
+    peak_zero_grad_fraction: float | None
+    mean_examples_per_sec: float | None
+    diagnoses: list[Diagnosis] = []

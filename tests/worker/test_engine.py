@@ -1,0 +1,200 @@
+"""The engine's "Must show" cases, on this machine's CPU, through `run_job`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.worker.conftest import Train, initial_weights, spec_of, trained_weights
+
+# --- 1. the zero-gradient case, and 7. the missing float16 MaxPool3D kernel ---
+
+UNET = {"name": "conv3d_unet", "volume": 16, "filters": 8, "reference_edge": 384}
+# One plain SGD step with a large rate: the weight change / rate is the gradient.
+ONE_SGD_STEP = {"steps": 1, "batch_size": 2, "optimizer": "sgd", "learning_rate": 10.0}
+SGD_RATE = 10.0
+
+
+def first_step_gradient(train: Train, policy: str, loss_scale: object) -> tuple[np.ndarray, object]:
+    spec = spec_of(model=UNET, precision_policy=policy, loss_scale=loss_scale,
+                   training=ONE_SGD_STEP, dataset={"samples": 8})
+    result, reporter = train(spec)
+    before, after = initial_weights(spec), trained_weights(result)
+    grads = [(b - a).ravel() / SGD_RATE for b, a in zip(before, after) if b.dtype == np.float32]
+    return np.concatenate(grads), (result, reporter)
+
+
+def relative_l2(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_float16_without_loss_scale_flushes_every_gradient_to_zero(train: Train) -> None:
+    reference, _ = first_step_gradient(train, "float32", "none")
+    assert np.count_nonzero(reference) > 0.9 * reference.size
+
+    _, (result, reporter) = first_step_gradient(train, "mixed_float16", "none")
+    record = reporter.records[0]
+    assert record.zero_grad_fraction >= 0.99
+    assert record.grad_norm == 0.0
+    codes = {d.code: d for d in result.summary.diagnoses}
+    assert codes["gradient_underflow"].first_step == 1
+    assert "loss scaling" in codes["gradient_underflow"].message
+
+
+@pytest.mark.parametrize("loss_scale", [{"mode": "fixed", "scale": 1024}, "dynamic"])
+def test_loss_scaling_recovers_the_float32_gradient(train: Train, loss_scale: object) -> None:
+    reference, _ = first_step_gradient(train, "float32", "none")
+    grads, (result, reporter) = first_step_gradient(train, "mixed_float16", loss_scale)
+    assert reporter.records[0].zero_grad_fraction < 0.01
+    assert relative_l2(grads, reference) < 0.02
+    assert "gradient_underflow" not in {d.code for d in result.summary.diagnoses}
+
+
+def test_maxpool3d_runs_under_mixed_float16_on_cpu_in_float32(train: Train) -> None:
+    spec = spec_of(model=UNET, precision_policy="mixed_float16", training={"steps": 3, "batch_size": 2},
+                   dataset={"samples": 8})
+    result, reporter = train(spec)
+    assert result.status == "succeeded"
+    assert [r.step for r in reporter.records] == [1, 2, 3]
+    fallback = next(d for d in result.summary.diagnoses if d.code == "float32_fallback")
+    assert "max_pooling3d" in fallback.message and "float32" in fallback.message
+
+
+def test_missing_kernel_error_becomes_a_named_failure() -> None:
+    import tensorflow as tf
+
+    from app.errors import FailureReason
+    from worker.devices import detect_device
+    from worker.engine import _map_failure
+
+    spec = spec_of(model=UNET, precision_policy="mixed_float16")
+    volume = tf.zeros((1, 4, 4, 4, 1), tf.float16)
+    for run in (tf.nn.max_pool3d, tf.function(tf.nn.max_pool3d)):  # eager and graph say it differently
+        with pytest.raises(Exception) as raised:
+            run(volume, 2, 2, "VALID")
+        failure = _map_failure(raised.value, spec, detect_device())
+        assert failure.reason is FailureReason.UNSUPPORTED_PRECISION_ON_DEVICE
+        assert "MaxPool3D" in failure.message and "Fix:" in failure.message
+        assert "Traceback" not in failure.message
+
+
+# --- 2. plain Keras: mlp under mixed_float16 with dynamic scaling ---------------
+
+
+def test_mlp_mixed_float16_dynamic_trains(train: Train) -> None:
+    spec = spec_of(precision_policy="mixed_float16", loss_scale="dynamic", training={"steps": 200})
+    result, reporter = train(spec)
+    losses = [r.loss for r in reporter.records]
+    assert [r.step for r in reporter.records] == list(range(1, 201))
+    assert reporter.records[0].loss_scale == 32768.0
+    assert result.summary.final_loss is not None and losses[0] is not None
+    assert result.summary.final_loss <= 0.7 * losses[0]
+    assert reporter.batches < 200, "records must reach the reporter in batches"
+    assert result.model_path is not None and result.model_path.exists()
+
+
+# --- 3. overflow: dynamic scaling from 2**40 -----------------------------------
+
+
+def test_dynamic_scale_halves_on_overflow_then_trains(train: Train) -> None:
+    spec = spec_of(precision_policy="mixed_float16",
+                   loss_scale={"mode": "dynamic", "initial_scale": 2.0**40}, training={"steps": 40})
+    result, reporter = train(spec)
+    records = reporter.records
+    first_applied = next(i for i, r in enumerate(records) if not r.skipped)
+    assert first_applied > 5
+    for i, r in enumerate(records[:first_applied]):
+        assert r.skipped and not r.grads_finite
+        assert r.loss_scale == 2.0 ** (40 - i)
+    # Every skip halves the scale for the next step; applied steps keep it (growth is 2000 steps away).
+    for r, following in zip(records, records[1:]):
+        assert following.loss_scale == (r.loss_scale / 2 if r.skipped else r.loss_scale)
+    halvings = sum(1 for a, b in zip(records, records[1:]) if b.loss_scale == a.loss_scale / 2)
+    halvings += records[-1].skipped
+    assert result.summary.skipped_steps == halvings
+    assert sum(not r.skipped for r in records[first_applied:]) >= 0.8 * (len(records) - first_applied)
+    assert all(r.loss is not None for r in records)
+    assert next(d for d in result.summary.diagnoses if d.code == "overflow_skips").first_step == 1
+
+    skipped_only = spec.model_copy(update={"training": spec.training.model_copy(update={"steps": first_applied})})
+    result, _ = train(skipped_only)
+    for before, after in zip(initial_weights(skipped_only), trained_weights(result)):
+        np.testing.assert_array_equal(before, after)
+
+
+# --- 4. fixed mode ---------------------------------------------------------------
+
+
+def test_fixed_scale_stays_constant_and_counts_skips(train: Train) -> None:
+    spec = spec_of(precision_policy="mixed_float16", loss_scale={"mode": "fixed", "scale": 2.0**40},
+                   training={"steps": 6})
+    result, reporter = train(spec)
+    assert [r.loss_scale for r in reporter.records] == [2.0**40] * 6
+    assert all(r.skipped and not r.grads_finite for r in reporter.records)
+    assert result.summary.skipped_steps == 6
+    assert "never backs off" in next(d for d in result.summary.diagnoses if d.code == "overflow_skips").message
+    for before, after in zip(initial_weights(spec), trained_weights(result)):
+        np.testing.assert_array_equal(before, after)
+
+    spec = spec_of(precision_policy="mixed_float16", loss_scale={"mode": "fixed", "scale": 1024},
+                   training={"steps": 30})
+    result, reporter = train(spec)
+    assert [r.loss_scale for r in reporter.records] == [1024.0] * 30
+    assert result.summary.skipped_steps == 0
+
+
+# --- 5. fidelity -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("model", "steps"), [({"name": "mlp"}, 200), ({"name": "cnn", "filters": 8}, 60)])
+def test_mixed_float16_matches_float32(train: Train, model: dict[str, object], steps: int) -> None:
+    finals = {}
+    for policy in ("float32", "mixed_float16"):
+        spec = spec_of(model=model, precision_policy=policy, training={"steps": steps}, dataset={"samples": 1024})
+        result, _ = train(spec)
+        finals[policy] = result.summary.final_loss
+    assert finals["float32"] is not None and finals["mixed_float16"] is not None
+    assert abs(finals["mixed_float16"] - finals["float32"]) <= 0.02 * finals["float32"]
+
+
+def test_mixed_bfloat16_runs_without_loss_scale(train: Train) -> None:
+    spec = spec_of(precision_policy="mixed_bfloat16", training={"steps": 8})
+    result, reporter = train(spec)
+    assert spec.loss_scale is not None and spec.loss_scale.mode == "none"
+    assert [r.loss_scale for r in reporter.records] == [1.0] * 8
+    assert all(r.loss is not None and r.grads_finite for r in reporter.records)
+    assert result.summary.loss_scale_max == 1.0
+
+
+# --- 6. resume -------------------------------------------------------------------
+
+
+def test_resume_continues_exactly_where_it_stopped(train: Train, tmp_path: Path) -> None:
+    # growth_steps=7 makes the scale change across the stop, so its counter must be restored.
+    spec = spec_of(precision_policy="mixed_float16",
+                   loss_scale={"mode": "dynamic", "initial_scale": 256, "growth_steps": 7},
+                   training={"steps": 40, "checkpoint_every": 10}, dataset={"samples": 320})
+    _, whole = train(spec)
+
+    out = tmp_path / "interrupted"
+    stop_at, checks = 17, []
+
+    def should_stop() -> bool:  # Asked once after every step.
+        checks.append(True)
+        return len(checks) >= stop_at
+
+    first, part1 = train(spec, out=out, should_stop=should_stop)
+    assert first.status == "stopped"
+    assert first.summary.steps_done == stop_at
+    assert [r.step for r in part1.records] == list(range(1, stop_at + 1))
+    second, part2 = train(spec, out=out)
+    assert second.start_step == stop_at
+    assert [r.step for r in part2.records] == list(range(stop_at + 1, 41))
+    resumed = part1.records[:stop_at] + part2.records
+    assert [r.step for r in resumed] == list(range(1, 41))
+    assert [r.loss for r in resumed] == [r.loss for r in whole.records]
+    assert [r.loss_scale for r in resumed] == [r.loss_scale for r in whole.records]
+    assert second.summary.steps_done == 40
+    assert second.summary.loss_scale_max == max(r.loss_scale for r in whole.records)

@@ -1,0 +1,1 @@
+"""mpjobs worker: the mixed-precision training engine and its queue glue."""

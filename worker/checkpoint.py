@@ -1,0 +1,68 @@
+"""Atomic checkpoints: weights, optimizer state (loss scale and its counter
+included), the step (the data position) and the summary, in one `.npz`.
+
+Written to a temp file in the same folder, fsynced, then renamed over the old
+one, so a crash mid-write leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CHECKPOINT_NAME = "checkpoint.npz"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    fingerprint: str
+    model_values: list[np.ndarray]
+    optimizer_values: list[np.ndarray]
+    summary_state: dict[str, Any]
+
+
+def save(directory: Path, ckpt: Checkpoint) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = {"step": ckpt.step, "fingerprint": ckpt.fingerprint, "summary": ckpt.summary_state}
+    arrays = {"meta": np.array(json.dumps(meta))}
+    arrays.update({f"model_{i}": v for i, v in enumerate(ckpt.model_values)})
+    arrays.update({f"optimizer_{i}": v for i, v in enumerate(ckpt.optimizer_values)})
+    target = directory / CHECKPOINT_NAME
+    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".npz", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return target
+
+
+def load(directory: Path) -> Checkpoint | None:
+    path = directory / CHECKPOINT_NAME
+    if not path.exists():
+        return None
+    with np.load(path, allow_pickle=False) as archive:
+        meta = json.loads(str(archive["meta"]))
+        model = [archive[f"model_{i}"] for i in range(_count(archive.files, "model_"))]
+        opt = [archive[f"optimizer_{i}"] for i in range(_count(archive.files, "optimizer_"))]
+    return Checkpoint(meta["step"], meta["fingerprint"], model, opt, meta["summary"])
+
+
+def _count(names: list[str], prefix: str) -> int:
+    return sum(1 for n in names if n.startswith(prefix))

@@ -1,0 +1,139 @@
+"""Training data: a seeded, learnable synthetic set, or a `.npz` under the data root.
+
+The batch order is a pure function of (seed, step): epoch `e` is the
+permutation drawn from `default_rng([seed, e])`, and the trailing partial
+batch is dropped. A resumed run needs nothing but the step to continue with
+exactly the batches an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from app.errors import InvalidDataset
+from app.schemas import JobSpec, NpzDataset
+
+TEACHER_WIDTH = 64
+"""Hidden width of the fixed random teacher that labels synthetic inputs."""
+
+TOKEN_FEATURES = 16
+"""Width of the teacher's token embedding for integer (token) inputs."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    x: np.ndarray
+    y: np.ndarray
+    batch_size: int
+    seed: int
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.x) // self.batch_size
+
+    def segments(self, start_step: int, end_step: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield (x, y) arrays, one per epoch touched, covering steps start+1..end."""
+        per_epoch, bs = self.steps_per_epoch, self.batch_size
+        step = start_step
+        while step < end_step:
+            epoch, offset = divmod(step, per_epoch)
+            count = min(per_epoch - offset, end_step - step)
+            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.x))
+            idx = order[offset * bs : (offset + count) * bs]
+            yield self.x[idx], self.y[idx]
+            step += count
+
+
+def _teacher_features(x: np.ndarray, rng: np.random.Generator, vocab: int | None) -> np.ndarray:
+    if vocab is not None:
+        table = rng.standard_normal((vocab, TOKEN_FEATURES)).astype(np.float32)
+        flat = table[x].mean(axis=1)
+    else:
+        flat = x.reshape(len(x), -1)
+    w1 = rng.standard_normal((flat.shape[1], TEACHER_WIDTH)).astype(np.float32)
+    return np.tanh(flat @ w1 / math.sqrt(flat.shape[1]))
+
+
+def synthetic(
+    input_shape: tuple[int, ...],
+    output_shape: tuple[int, ...],
+    loss_name: str,
+    samples: int,
+    seed: int,
+    vocab: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs from N(0, 1) (or uniform tokens); labels from a random teacher network."""
+    rng = np.random.default_rng(seed)
+    shape = (samples, *input_shape)
+    if vocab is not None:
+        x = rng.integers(0, vocab, size=shape, dtype=np.int32)
+    else:
+        x = rng.standard_normal(shape, dtype=np.float32)
+    if loss_name in {"output_mean", "scan_voxel_sum"}:
+        return x, np.zeros((samples, 1), np.float32)
+    hidden = _teacher_features(x, rng, vocab)
+    out_size = math.prod(output_shape)
+    w2 = rng.standard_normal((TEACHER_WIDTH, out_size)).astype(np.float32)
+    scores = (hidden @ w2).reshape(samples, *output_shape)
+    if loss_name == "sparse_categorical_crossentropy":
+        return x, scores.argmax(axis=-1).astype(np.int32)
+    if loss_name == "categorical_crossentropy":
+        return x, np.eye(output_shape[-1], dtype=np.float32)[scores.argmax(axis=-1)]
+    if loss_name == "binary_crossentropy":
+        return x, (scores > 0).astype(np.float32)
+    return x, scores.astype(np.float32)
+
+
+def resolve_inside(root: Path, relative: str) -> Path:
+    """Resolve `relative` under `root`, following symlinks, and refuse escapes."""
+    base = Path(os.path.realpath(root))
+    target = Path(os.path.realpath(base / relative))
+    if target != base and base not in target.parents:
+        raise InvalidDataset(f"dataset.path must stay inside the data root. Received: path={relative!r}")
+    return target
+
+
+def load_npz(spec: NpzDataset, data_root: Path) -> tuple[np.ndarray, np.ndarray]:
+    path = resolve_inside(data_root, spec.path)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            x, y = archive["x"], archive["y"]
+    except FileNotFoundError:
+        raise InvalidDataset(f"dataset.path {spec.path!r} does not exist under the data root.") from None
+    except KeyError:
+        raise InvalidDataset(f"dataset.path {spec.path!r} must hold arrays named 'x' and 'y'.") from None
+    except (OSError, ValueError) as exc:
+        raise InvalidDataset(f"dataset.path {spec.path!r} is not a readable .npz file: {exc}") from None
+    if len(x) != len(y):
+        raise InvalidDataset(f"dataset 'x' has {len(x)} samples but 'y' has {len(y)}.")
+    return x, y
+
+
+def load_dataset(
+    spec: JobSpec,
+    input_shape: tuple[int, ...],
+    output_shape: tuple[int, ...],
+    loss_name: str,
+    data_root: Path,
+    vocab: int | None = None,
+) -> Dataset:
+    d = spec.dataset
+    if isinstance(d, NpzDataset):
+        x, y = load_npz(d, data_root)
+        if tuple(x.shape[1:]) != tuple(input_shape):
+            raise InvalidDataset(
+                f"dataset 'x' samples have shape {tuple(x.shape[1:])}; the model expects {tuple(input_shape)}."
+            )
+    else:
+        x, y = synthetic(input_shape, output_shape, loss_name, d.samples, d.seed, vocab)
+    if len(x) < spec.training.batch_size:
+        raise InvalidDataset(
+            f"dataset has {len(x)} samples, fewer than training.batch_size={spec.training.batch_size}."
+        )
+    return Dataset(x, y, spec.training.batch_size, spec.training.seed)

@@ -1,0 +1,99 @@
+"""Which device trains, and whether it computes a precision fast.
+
+The only module allowed backend-specific calls: TensorFlow's or JAX's device
+queries, imported lazily so the rest of the engine stays backend-neutral.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import keras
+
+FAST_FLOAT16_MIN_CC = (7, 0)
+"""Tensor cores for float16 arrived with Volta (compute capability 7.0)."""
+FAST_BFLOAT16_MIN_CC = (8, 0)
+"""bfloat16 tensor cores arrived with Ampere (compute capability 8.0)."""
+CPU_HALF_FLAGS = ("avx512_fp16", "amx_fp16", "avx512_bf16", "amx_bf16")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: str
+    """"cpu" or "gpu"."""
+    name: str
+    backend: str
+    compute_capability: tuple[int, int] | None = None
+    cpu_flags: frozenset[str] = field(default_factory=frozenset)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "backend": self.backend,
+            "compute_capability": ".".join(map(str, self.compute_capability)) if self.compute_capability else None,
+            "half_precision_flags": sorted(self.cpu_flags & set(CPU_HALF_FLAGS)),
+        }
+
+
+def _cpu_info() -> tuple[str, frozenset[str]]:
+    name, flags = platform.processor() or platform.machine(), frozenset[str]()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return name, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            name = value.strip()
+        elif key.strip() == "flags":
+            flags = frozenset(value.split())
+        if name and flags:
+            break
+    return name, flags
+
+
+def detect_device() -> DeviceInfo:
+    backend = keras.backend.backend()
+    cpu_name, flags = _cpu_info()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            details = tf.config.experimental.get_device_details(gpus[0])
+            return DeviceInfo("gpu", details.get("device_name", "GPU"), backend, details.get("compute_capability"))
+    elif backend == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        if device.platform == "gpu":
+            major, minor = (int(p) for p in str(device.compute_capability).split(".")[:2])
+            return DeviceInfo("gpu", device.device_kind, backend, (major, minor))
+    return DeviceInfo("cpu", cpu_name, backend, None, flags)
+
+
+def slow_precision_message(device: DeviceInfo, compute_dtype: str, policy: str) -> str | None:
+    """Plain advice when `compute_dtype` is slow on `device`, else None."""
+    if compute_dtype == "float32":
+        return None
+    if device.kind == "gpu":
+        need = FAST_FLOAT16_MIN_CC if compute_dtype == "float16" else FAST_BFLOAT16_MIN_CC
+        cc = device.compute_capability
+        if cc is None or cc >= need:
+            return None
+        return (
+            f"{policy} computes in {compute_dtype}, but {device.name} (compute capability "
+            f"{cc[0]}.{cc[1]}) has no fast {compute_dtype} units; they need {need[0]}.{need[1]} or newer. "
+            "Expect no speedup over float32; keep float32 on this GPU."
+        )
+    present = sorted(device.cpu_flags & set(CPU_HALF_FLAGS))
+    has = f"it has {', '.join(present)}, but " if present else ""
+    return (
+        f"{policy} computes in {compute_dtype} on a CPU ({device.name}): {has}{device.backend}'s CPU "
+        f"kernels run most {compute_dtype} ops without vector support, so each step is typically "
+        "several times slower than float32. It runs correctly; use it on CPU to check numerics, "
+        "and train for speed in float32 here or in mixed precision on a GPU."
+    )

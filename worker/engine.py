@@ -1,0 +1,220 @@
+"""Run one training job: build, restore, train with telemetry, checkpoint, save.
+
+>>> from app.schemas import JobSpec
+>>> spec = JobSpec.model_validate({"model": {"name": "mlp"}, "training": {"steps": 5}})
+>>> result = run_job(spec, reporter=ListReporter(), checkpoint_dir=Path(tempfile.mkdtemp()))
+>>> result.status, result.summary.steps_done
+('succeeded', 5)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from app.config import Settings, get_settings
+from app.errors import InvalidModel, JobFailed, MpjobsError, UnsupportedPrecision
+from app.schemas import JobSpec, LossScaleMode, Summary
+from worker import checkpoint
+from worker.data import load_dataset
+from worker.devices import DeviceInfo, detect_device, slow_precision_message
+from worker.models import BuiltModel, build_model
+from worker.optimizer import TelemetryOptimizer
+from worker.summary import RunContext, SummaryBuilder
+from worker.telemetry import BatchLoss, ListReporter, Reporter, TelemetryCallback
+
+log = logging.getLogger(__name__)
+
+MODEL_ARTIFACT = "model.keras"
+# TensorFlow says it one way in graphs and another eagerly.
+_MISSING_KERNEL = re.compile(
+    r"No OpKernel was registered to support Op '(?P<graph>\w+)'|Could not find device for node: .*? = (?P<eager>\w+)\["
+)
+_OPTIMIZERS = {
+    "adam": keras.optimizers.Adam,
+    "adamw": keras.optimizers.AdamW,
+    "sgd": keras.optimizers.SGD,
+    "rmsprop": keras.optimizers.RMSprop,
+}
+
+__all__ = ["ListReporter", "RunResult", "run_job", "spec_fingerprint"]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    status: str
+    """"succeeded", or "stopped" when should_stop asked for it (checkpoint saved)."""
+    summary: Summary
+    checkpoint_path: Path
+    model_path: Path | None
+    device: DeviceInfo
+    start_step: int
+
+
+def never() -> bool:
+    return False
+
+
+def spec_fingerprint(spec: JobSpec) -> str:
+    """What a checkpoint must match to be resumed (the step count may grow)."""
+    data = spec.model_dump(mode="json", exclude={"name": True, "training": {"steps"}})
+    return hashlib.sha256(repr(sorted(data.items())).encode()).hexdigest()[:16]
+
+
+def make_optimizer(spec: JobSpec) -> TelemetryOptimizer:
+    t, ls = spec.training, spec.loss_scale
+    inner = _OPTIMIZERS[t.optimizer](learning_rate=t.learning_rate)
+    mode = ls.mode if ls is not None else "none"
+    scale = getattr(ls, "scale", None) or getattr(ls, "initial_scale", 1.0)
+    return TelemetryOptimizer(inner, mode=mode, initial_scale=scale, growth_steps=getattr(ls, "growth_steps", 2000))
+
+
+def _vocab(model: keras.Model) -> int | None:
+    if "int" not in str(model.inputs[0].dtype):
+        return None
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.Embedding):
+            return int(layer.input_dim)
+    raise InvalidModel("model has integer inputs but no Embedding layer to size the synthetic tokens.")
+
+
+def _map_failure(exc: Exception, spec: JobSpec, device: DeviceInfo) -> JobFailed:
+    """The one place where TensorFlow/Keras errors become named failures."""
+    text = str(exc)
+    missing = _MISSING_KERNEL.search(text)
+    if missing:
+        dtype = spec.precision_policy.compute_dtype
+        return UnsupportedPrecision(
+            f"{device.backend} has no {dtype} kernel for op {missing['graph'] or missing['eager']} on this "
+            f"{device.kind}. "
+            f"Fix: use mixed_bfloat16 or float32 for this model on {device.kind}, or run it on a GPU."
+        )
+    first_line = text.strip().splitlines()[0] if text.strip() else ""
+    return JobFailed(f"{type(exc).__name__}: {first_line[:500]}")
+
+
+def run_job(
+    spec: JobSpec,
+    *,
+    reporter: Reporter,
+    checkpoint_dir: Path,
+    should_stop: Callable[[], bool] = never,
+    settings: Settings | None = None,
+) -> RunResult:
+    """Train `spec` to its last step, or until `should_stop()` is true.
+
+    Resumes from `checkpoint_dir` when it holds a checkpoint of the same spec.
+    Raises `JobFailed` (with a named reason) for every failure.
+    """
+    settings = settings or get_settings()
+    device = detect_device()
+    try:
+        return _run(spec, reporter, Path(checkpoint_dir), should_stop, settings, device)
+    except MpjobsError:
+        raise
+    except Exception as exc:
+        log.exception("job failed")
+        raise _map_failure(exc, spec, device) from exc
+
+
+def _run(
+    spec: JobSpec, reporter: Reporter, out: Path, should_stop: Callable[[], bool], settings: Settings, device: DeviceInfo
+) -> RunResult:
+    t = spec.training
+    keras.utils.set_random_seed(t.seed)
+    on_cpu_tf = device.kind == "cpu" and device.backend == "tensorflow"
+    built: BuiltModel = build_model(spec, on_cpu_tf=on_cpu_tf)
+    model = built.model
+    if len(model.inputs) != 1 or len(model.outputs) != 1:
+        raise InvalidModel("model must have exactly one input and one output.")
+    dataset = load_dataset(
+        spec, tuple(model.input_shape[1:]), tuple(model.output_shape[1:]), built.loss_name,
+        settings.data_root, _vocab(model),
+    )
+    optimizer = make_optimizer(spec)
+    model.compile(optimizer=optimizer, loss=built.loss, metrics=[BatchLoss(built.loss)], auto_scale_loss=False)
+    optimizer.build(model.trainable_variables)
+
+    fingerprint = spec_fingerprint(spec)
+    mode = LossScaleMode(optimizer.mode)
+    context = RunContext(
+        policy=spec.precision_policy.value,
+        compute_dtype=spec.precision_policy.compute_dtype,
+        loss_scale_mode=mode,
+        slow_precision_message=slow_precision_message(device, spec.precision_policy.compute_dtype, spec.precision_policy.value),
+        float32_layers=built.float32_layers,
+    )
+    start, summary_state = 0, None
+    saved = checkpoint.load(out)
+    if saved is not None:
+        if saved.fingerprint != fingerprint:
+            raise JobFailed(f"{out} holds a checkpoint of a different spec; use a fresh folder.", None)
+        _assign(model.variables, saved.model_values)
+        _assign(optimizer.variables, saved.optimizer_values)
+        start, summary_state = saved.step, saved.summary_state
+    builder = SummaryBuilder(context, summary_state)
+
+    def save_checkpoint(step: int) -> None:
+        sync = getattr(model, "jax_state_sync", None)
+        if sync is not None:
+            sync()
+        checkpoint.save(out, checkpoint.Checkpoint(
+            step, fingerprint,
+            [keras.ops.convert_to_numpy(v.value) for v in model.variables],
+            [keras.ops.convert_to_numpy(v.value) for v in optimizer.variables],
+            builder.state(),
+        ))
+
+    callback = TelemetryCallback(
+        reporter=reporter, summary=builder, start_step=start, batch_size=t.batch_size,
+        learning_rate=t.learning_rate, checkpoint_every=t.checkpoint_every,
+        save_checkpoint=save_checkpoint, should_stop=should_stop,
+        report_interval_s=settings.report_interval_s, report_max_records=settings.report_max_records,
+    )
+    for x, y in dataset.segments(start, t.steps):
+        model.fit(x, y, batch_size=t.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+        if callback.stopped or callback.failure is not None:
+            break
+    callback.flush()
+    if callback.failure is not None:
+        reporter.summary(builder.summary())
+        raise callback.failure
+    if builder.steps_done != start and builder.steps_done % t.checkpoint_every != 0:
+        save_checkpoint(builder.steps_done)
+    model_path = None
+    if not callback.stopped:
+        model_path = _save_model(model, out)
+    reporter.summary(builder.summary())
+    return RunResult(
+        "stopped" if callback.stopped else "succeeded", builder.summary(), out / checkpoint.CHECKPOINT_NAME,
+        model_path, device, start,
+    )
+
+
+def _assign(variables: list[keras.Variable], values: list[np.ndarray]) -> None:
+    if len(variables) != len(values):
+        raise JobFailed(f"checkpoint holds {len(values)} arrays but the model has {len(variables)} variables.")
+    for var, value in zip(variables, values):
+        var.assign(value)
+
+
+def _save_model(model: keras.Model, out: Path) -> Path:
+    target = out / MODEL_ARTIFACT
+    fd, tmp = tempfile.mkstemp(prefix=".model-", suffix=".keras", dir=out)
+    os.close(fd)
+    try:
+        model.save(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target

@@ -1,0 +1,203 @@
+"""Build the job's Keras model under its precision policy, and its loss.
+
+Built-in models are plain Keras layers; `keras_json` models are checked for
+anything that could run code (Lambda layers, custom or non-Keras classes)
+before Keras parses a single layer, then loaded in safe mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+from keras import layers, ops
+
+from app.errors import InvalidModel
+from app.schemas import (
+    CnnModel,
+    Conv3dUnetModel,
+    JobSpec,
+    KerasJsonModel,
+    MlpModel,
+    ModelSpec,
+    TransformerModel,
+    check_keras_json,
+    walk_config,
+)
+
+FLOAT16_MISSING_ON_CPU = ("MaxPooling3D", "AveragePooling3D")
+"""Layers whose TensorFlow CPU kernels exist only for float32 and bfloat16."""
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    model: keras.Model
+    loss: str | Callable[..., Any]
+    loss_name: str
+    float32_layers: tuple[str, ...] = ()
+    """Layers run in float32 because the device has no kernel for the policy."""
+
+
+@keras.saving.register_keras_serializable(package="mpjobs")
+class PositionEmbedding(layers.Layer):
+    """Adds a learned embedding of each token's position."""
+
+    def __init__(self, seq_len: int, width: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seq_len, self.width = seq_len, width
+        self.positions = layers.Embedding(seq_len, width, dtype=self.dtype_policy)
+
+    def build(self, input_shape: Any) -> None:
+        self.positions.build((self.seq_len,))
+
+    def call(self, inputs: Any) -> Any:
+        return inputs + self.positions(ops.arange(ops.shape(inputs)[1]))
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "seq_len": self.seq_len, "width": self.width}
+
+
+@keras.saving.register_keras_serializable(package="mpjobs")
+def output_mean(y_true: Any, y_pred: Any) -> Any:
+    """Mean of the model's output: the loss of the zero-gradient report."""
+    return ops.mean(ops.cast(y_pred, "float32"))
+
+
+@keras.saving.register_keras_serializable(package="mpjobs")
+class ScanVoxelSum(keras.losses.Loss):
+    """Σ outputs / reference_edge³: every voxel's gradient is 1 / reference_edge³."""
+
+    def __init__(self, reference_edge: int = 384, name: str = "scan_voxel_sum", **kw: Any):
+        super().__init__(name=name, reduction="sum", **kw)
+        self.reference_edge = reference_edge
+
+    def call(self, y_true: Any, y_pred: Any) -> Any:
+        per_sample = ops.sum(ops.reshape(ops.cast(y_pred, "float32"), (ops.shape(y_pred)[0], -1)), axis=1)
+        return per_sample / float(self.reference_edge) ** 3
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "reference_edge": self.reference_edge}
+
+
+def _softmax_head(x: Any, classes: int) -> Any:
+    # Keras's mixed-precision guide: keep the final softmax in float32.
+    return layers.Activation("softmax", dtype="float32", name="probs")(layers.Dense(classes)(x))
+
+
+def _mlp(m: MlpModel) -> keras.Model:
+    inputs = keras.Input((m.input_dim,))
+    x = layers.Dense(m.hidden_units, activation="relu")(inputs)
+    return keras.Model(inputs, _softmax_head(x, m.classes), name="mlp")
+
+
+def _cnn(m: CnnModel) -> keras.Model:
+    inputs = keras.Input((m.image_size, m.image_size, 3))
+    x = layers.Conv2D(m.filters, 3, padding="same", activation="relu")(inputs)
+    x = layers.MaxPooling2D()(x)
+    x = layers.Conv2D(m.filters * 2, 3, padding="same", activation="relu")(x)
+    x = layers.MaxPooling2D()(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, _softmax_head(x, m.classes), name="cnn")
+
+
+def _conv3d_unet(m: Conv3dUnetModel) -> keras.Model:
+    inputs = keras.Input((m.volume, m.volume, m.volume, 1))
+    skip = layers.Conv3D(m.filters, 3, padding="same")(inputs)
+    skip = layers.Activation("relu")(layers.BatchNormalization()(skip))
+    x = layers.MaxPooling3D(2)(skip)
+    x = layers.Conv3D(m.filters * 2, 3, padding="same")(x)
+    x = layers.Activation("relu")(layers.BatchNormalization()(x))
+    x = layers.UpSampling3D(2)(x)
+    x = layers.Concatenate()([x, skip])
+    x = layers.Conv3D(m.filters, 3, padding="same", activation="relu")(x)
+    # The output stays in the compute dtype, as in the report.
+    outputs = layers.Conv3D(1, 1, name="voxels")(x)
+    return keras.Model(inputs, outputs, name="conv3d_unet")
+
+
+def _transformer(m: TransformerModel) -> keras.Model:
+    inputs = keras.Input((m.seq_len,), dtype="int32")
+    x = layers.Embedding(m.vocab_size, m.d_model)(inputs)
+    x = PositionEmbedding(m.seq_len, m.d_model)(x)
+    for _ in range(m.layers):
+        attn = layers.MultiHeadAttention(m.heads, m.d_model // m.heads, dropout=m.dropout)(x, x)
+        x = layers.LayerNormalization()(x + attn)
+        ffn = layers.Dense(m.ffn_dim, activation="gelu")(x)
+        ffn = layers.Dropout(m.dropout)(layers.Dense(m.d_model)(ffn))
+        x = layers.LayerNormalization()(x + ffn)
+    x = layers.GlobalAveragePooling1D()(x)
+    return keras.Model(inputs, _softmax_head(x, m.classes), name="transformer")
+
+
+_BUILDERS: dict[type, Callable[[Any], keras.Model]] = {
+    MlpModel: _mlp,
+    CnnModel: _cnn,
+    Conv3dUnetModel: _conv3d_unet,
+    TransformerModel: _transformer,
+}
+
+
+def _with_policy(config: Any, policy: str) -> Any:
+    """Set every layer's dtype policy to the job's; inputs keep their dtype."""
+    for node in walk_config(config):
+        cfg = node.get("config")
+        if isinstance(cfg, dict) and "dtype" in cfg and node.get("class_name") != "InputLayer":
+            cfg["dtype"] = policy
+    return config
+
+
+def _load_keras_json(m: KerasJsonModel, policy: str) -> keras.Model:
+    try:
+        config = _with_policy(check_keras_json(m.keras_json), policy)
+    except ValueError as exc:
+        raise InvalidModel(str(exc)) from None
+    try:
+        model = keras.saving.deserialize_keras_object(config, safe_mode=True)
+    except InvalidModel:
+        raise
+    except Exception as exc:  # Keras raises many types for a bad config.
+        raise InvalidModel(f"model.keras_json could not be loaded: {exc}") from None
+    if not isinstance(model, keras.Model):
+        raise InvalidModel("model.keras_json must describe a Keras model.")
+    return model
+
+
+def _float32_fallback(model: keras.Model, compute_dtype: str, on_cpu_tf: bool) -> tuple[keras.Model, tuple[str, ...]]:
+    """Run layers with no float16 CPU kernel in float32 (max pooling is exact either way)."""
+    if compute_dtype != "float16" or not on_cpu_tf:
+        return model, ()
+    names = tuple(layer.name for layer in model.layers if type(layer).__name__ in FLOAT16_MISSING_ON_CPU)
+    if not names:
+        return model, ()
+    config = model.get_config()
+    for layer_config in config["layers"]:
+        if layer_config["config"].get("name") in names:
+            layer_config["config"]["dtype"] = "float32"
+    rebuilt = model.__class__.from_config(config)
+    rebuilt.set_weights(model.get_weights())  # Same initial weights as every other policy.
+    return rebuilt, names
+
+
+def build_model(spec: JobSpec, *, on_cpu_tf: bool) -> BuiltModel:
+    """Build the spec's model under its policy. Call `keras.utils.set_random_seed` first."""
+    policy = spec.precision_policy.value
+    m: ModelSpec = spec.model
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        if isinstance(m, KerasJsonModel):
+            model = _load_keras_json(m, policy)
+            loss: str | Callable[..., Any] = output_mean if m.loss == "output_mean" else m.loss
+            loss_name = m.loss
+        else:
+            model = _BUILDERS[type(m)](m)
+            if isinstance(m, Conv3dUnetModel):
+                loss, loss_name = ScanVoxelSum(m.reference_edge), "scan_voxel_sum"
+            else:
+                loss = loss_name = "sparse_categorical_crossentropy"
+        model, float32_layers = _float32_fallback(model, spec.precision_policy.compute_dtype, on_cpu_tf)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    return BuiltModel(model, loss, loss_name, float32_layers)

@@ -1,0 +1,189 @@
+"""Per-step telemetry: the batch-loss metric, the reporter protocol and the
+callback that turns each optimizer step into one `StepRecord`.
+
+Everything the callback reads was computed inside the compiled train step:
+the batch loss arrives in `logs` (which `fit` already copies to the host),
+the gradient statistics in the optimizer's one `telemetry` vector.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import keras
+import numpy as np
+
+from app.errors import Diverged
+from app.schemas import LossScaleMode, StepRecord, Summary
+from worker.optimizer import TelemetryOptimizer
+from worker.summary import SummaryBuilder
+
+DIVERGENCE_PATIENCE = 10
+"""Consecutive non-finite losses after which a scaled run is declared diverged."""
+
+
+class Reporter(Protocol):
+    """Receives step records in batches, and the summary."""
+
+    def steps(self, records: Sequence[StepRecord]) -> None: ...
+
+    def summary(self, summary: Summary) -> None: ...
+
+
+class ListReporter:
+    """Keeps everything in memory: for tests and for library users."""
+
+    def __init__(self) -> None:
+        self.records: list[StepRecord] = []
+        self.batches: int = 0
+        self.summaries: list[Summary] = []
+
+    def steps(self, records: Sequence[StepRecord]) -> None:
+        self.batches += 1
+        self.records.extend(records)
+
+    def summary(self, summary: Summary) -> None:
+        self.summaries.append(summary)
+
+
+@keras.saving.register_keras_serializable(package="mpjobs")
+class BatchLoss(keras.metrics.Metric):
+    """The loss of the current batch alone, unscaled (Keras's `loss` is a running mean)."""
+
+    def __init__(self, loss: Any = None, name: str = "batch_loss", **kwargs: Any) -> None:
+        super().__init__(name=name, **kwargs)
+        self._loss_fn = keras.losses.get(loss) if loss is not None else None
+        self.value = self.add_variable(shape=(), initializer="zeros", name="value")
+
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        assert self._loss_fn is not None
+        # Keras's compiled loss averages per-sample values ("sum_over_batch_size").
+        value = keras.ops.cast(self._loss_fn(y_true, y_pred, sample_weight), "float32")
+        self.value.assign(keras.ops.mean(value))
+
+    def result(self) -> Any:
+        return self.value
+
+    def reset_state(self) -> None:
+        self.value.assign(0.0)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if np.isfinite(value) else None
+
+
+class TelemetryCallback(keras.callbacks.Callback):
+    """Builds one record per step, batches them to the reporter, checkpoints, stops."""
+
+    def __init__(
+        self,
+        *,
+        reporter: Reporter,
+        summary: SummaryBuilder,
+        start_step: int,
+        batch_size: int,
+        learning_rate: float,
+        checkpoint_every: int,
+        save_checkpoint: Callable[[int], None],
+        should_stop: Callable[[], bool],
+        report_interval_s: float,
+        report_max_records: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__()
+        self.reporter, self.builder = reporter, summary
+        self.step, self.first_step = start_step, start_step + 1
+        self.batch_size, self.learning_rate = batch_size, learning_rate
+        self.checkpoint_every, self.save_checkpoint = checkpoint_every, save_checkpoint
+        self.should_stop = should_stop
+        self.report_interval_s, self.report_max_records = report_interval_s, report_max_records
+        self.clock = clock
+        self.buffer: list[StepRecord] = []
+        self.buffer_since = 0.0
+        self.stopped = False
+        self.failure: Diverged | None = None
+        self.nonfinite_losses = 0
+        self._t0 = 0.0
+        self._telemetry_index: int | None = None
+
+    def _read_telemetry(self) -> np.ndarray:
+        optimizer: TelemetryOptimizer = self.model.optimizer
+        jax_state = getattr(self.model, "_jax_state", None)
+        if jax_state:  # JAX keeps the live values outside the variables during fit.
+            if self._telemetry_index is None:
+                paths = [v.path for v in optimizer.variables]
+                self._telemetry_index = paths.index(optimizer.telemetry.path)
+            return np.asarray(jax_state["optimizer_variables"][self._telemetry_index])
+        return keras.ops.convert_to_numpy(optimizer.telemetry.value)
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        elapsed = time.perf_counter() - self._t0
+        self.step += 1
+        scale, grad_norm, finite, skipped, zero_fraction = self._read_telemetry().tolist()
+        loss = _finite_or_none((logs or {}).get("batch_loss", float("nan")))
+        now = self.clock()
+        record = StepRecord(
+            step=self.step,
+            loss=loss,
+            loss_scale=float(scale),
+            grad_norm=_finite_or_none(grad_norm),
+            grads_finite=bool(finite),
+            skipped=bool(skipped),
+            zero_grad_fraction=float(zero_fraction),
+            learning_rate=self.learning_rate,
+            examples_per_sec=self.batch_size / elapsed if elapsed > 0 else 0.0,
+            step_time_ms=elapsed * 1000.0,
+            time=now,
+        )
+        self.builder.add(record, timed=self.step != self.first_step, batch_size=self.batch_size)
+        if not self.buffer:
+            self.buffer_since = now
+        self.buffer.append(record)
+        self._check_divergence(record)
+        if self.failure is not None:
+            self.model.stop_training = True
+            return
+        if len(self.buffer) >= self.report_max_records or now - self.buffer_since >= self.report_interval_s:
+            self.flush()
+        if self.step % self.checkpoint_every == 0:
+            self.flush()
+            self.save_checkpoint(self.step)
+        if self.should_stop():
+            self.stopped = True
+            self.model.stop_training = True
+
+    def _check_divergence(self, r: StepRecord) -> None:
+        mode = self.builder.context.loss_scale_mode
+        self.nonfinite_losses = self.nonfinite_losses + 1 if r.loss is None else 0
+        message = None
+        if mode is LossScaleMode.NONE and (r.loss is None or not r.grads_finite):
+            message = (
+                f"At step {r.step} the {'loss' if r.loss is None else 'gradients'} became inf or NaN with "
+                "no loss scaling, and the update was applied, so the weights are no longer finite. "
+                "Lower the learning rate, or use loss_scale 'dynamic', which skips such steps."
+            )
+        elif self.nonfinite_losses >= DIVERGENCE_PATIENCE:
+            message = (
+                f"The loss itself was inf or NaN for {self.nonfinite_losses} steps in a row up to step "
+                f"{r.step}. Loss scaling only protects gradients; a forward pass that overflows needs a "
+                "lower learning rate, float32 for the overflowing layers, or mixed_bfloat16."
+            )
+        elif mode is LossScaleMode.DYNAMIC and r.skipped and r.loss_scale <= 1.0:
+            message = (
+                f"At step {r.step} the gradients overflowed even at loss scale {r.loss_scale:g}: there is "
+                "nothing left to back off. The gradients themselves exceed float16's range (65504); "
+                "lower the learning rate or clip gradients."
+            )
+        if message is not None:
+            self.builder.mark_diverged(r.step, message)
+            self.failure = Diverged(message)
+
+    def flush(self) -> None:
+        if self.buffer:
+            self.reporter.steps(self.buffer)
+            self.buffer = []

@@ -20,7 +20,7 @@ install: $(INSTALLED)
 redis-server:
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 
-test: install redis-server
+test: install redis-server lint
 	$(PY) -m pytest -q
 
 lint: install

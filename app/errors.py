@@ -15,10 +15,10 @@ layer and never reach a user as a raw traceback.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class FailureReason(str, Enum):
+class FailureReason(StrEnum):
     """Why a job failed. Stable strings: they are part of the API."""
 
     INVALID_SPEC = "invalid_spec"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from enum import Enum
+from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
@@ -33,7 +33,7 @@ MAX_KERAS_JSON_DEPTH = 64
 """Deeper nesting than any real model config; refused before Keras sees it."""
 
 
-class PrecisionPolicy(str, Enum):
+class PrecisionPolicy(StrEnum):
     FLOAT32 = "float32"
     MIXED_FLOAT16 = "mixed_float16"
     MIXED_BFLOAT16 = "mixed_bfloat16"
@@ -165,7 +165,9 @@ def check_keras_json(text: str) -> dict[str, Any]:
         if name is None:
             continue
         if name == "Lambda":
-            raise ValueError("model.keras_json contains a Lambda layer, which runs code; only built-in layers are allowed.")
+            raise ValueError(
+                "model.keras_json contains a Lambda layer, which runs code; only built-in layers are allowed."
+            )
         module = node.get("module")
         if module is not None and not str(module).startswith("keras"):
             raise ValueError(
@@ -210,7 +212,7 @@ ModelSpec = Annotated[
 # --- loss scale -------------------------------------------------------------
 
 
-class LossScaleMode(str, Enum):
+class LossScaleMode(StrEnum):
     NONE = "none"
     FIXED = "fixed"
     DYNAMIC = "dynamic"
@@ -275,9 +277,8 @@ class NpzDataset(_Strict):
 
 
 def _dataset_tag(value: Any) -> str | None:
-    if isinstance(value, dict):
-        return value.get("kind", "synthetic")
-    return getattr(value, "kind", None)
+    kind = value.get("kind", "synthetic") if isinstance(value, dict) else getattr(value, "kind", None)
+    return None if kind is None else str(kind)
 
 
 DatasetSpec = Annotated[

@@ -31,7 +31,7 @@ class Checkpoint:
 def save(directory: Path, ckpt: Checkpoint) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     meta = {"step": ckpt.step, "fingerprint": ckpt.fingerprint, "summary": ckpt.summary_state}
-    arrays = {"meta": np.array(json.dumps(meta))}
+    arrays: dict[str, Any] = {"meta": np.array(json.dumps(meta))}
     arrays.update({f"model_{i}": v for i, v in enumerate(ckpt.model_values)})
     arrays.update({f"optimizer_{i}": v for i, v in enumerate(ckpt.optimizer_values)})
     target = directory / CHECKPOINT_NAME

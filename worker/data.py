@@ -57,7 +57,8 @@ def _teacher_features(x: np.ndarray, rng: np.random.Generator, vocab: int | None
     else:
         flat = x.reshape(len(x), -1)
     w1 = rng.standard_normal((flat.shape[1], TEACHER_WIDTH)).astype(np.float32)
-    return np.tanh(flat @ w1 / math.sqrt(flat.shape[1]))
+    features: np.ndarray = np.tanh(flat @ w1 / math.sqrt(flat.shape[1]))
+    return features
 
 
 def synthetic(
@@ -71,10 +72,11 @@ def synthetic(
     """Inputs from N(0, 1) (or uniform tokens); labels from a random teacher network."""
     rng = np.random.default_rng(seed)
     shape = (samples, *input_shape)
-    if vocab is not None:
-        x = rng.integers(0, vocab, size=shape, dtype=np.int32)
-    else:
-        x = rng.standard_normal(shape, dtype=np.float32)
+    x: np.ndarray = (
+        rng.integers(0, vocab, size=shape, dtype=np.int32)
+        if vocab is not None
+        else rng.standard_normal(shape, dtype=np.float32)
+    )
     if loss_name in {"output_mean", "scan_voxel_sum"}:
         return x, np.zeros((samples, 1), np.float32)
     hidden = _teacher_features(x, rng, vocab)

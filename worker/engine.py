@@ -23,7 +23,7 @@ import numpy as np
 
 from app.config import Settings, get_settings
 from app.errors import InvalidModel, JobFailed, MpjobsError, UnsupportedPrecision
-from app.schemas import JobSpec, LossScaleMode, Summary
+from app.schemas import DynamicLossScale, FixedLossScale, JobSpec, LossScaleMode, Summary
 from worker import checkpoint
 from worker.data import load_dataset
 from worker.devices import DeviceInfo, detect_device, slow_precision_message
@@ -73,9 +73,11 @@ def spec_fingerprint(spec: JobSpec) -> str:
 def make_optimizer(spec: JobSpec) -> TelemetryOptimizer:
     t, ls = spec.training, spec.loss_scale
     inner = _OPTIMIZERS[t.optimizer](learning_rate=t.learning_rate)
-    mode = ls.mode if ls is not None else "none"
-    scale = getattr(ls, "scale", None) or getattr(ls, "initial_scale", 1.0)
-    return TelemetryOptimizer(inner, mode=mode, initial_scale=scale, growth_steps=getattr(ls, "growth_steps", 2000))
+    if isinstance(ls, FixedLossScale):
+        return TelemetryOptimizer(inner, mode="fixed", initial_scale=ls.scale)
+    if isinstance(ls, DynamicLossScale):
+        return TelemetryOptimizer(inner, mode="dynamic", initial_scale=ls.initial_scale, growth_steps=ls.growth_steps)
+    return TelemetryOptimizer(inner, mode="none")
 
 
 def _vocab(model: keras.Model) -> int | None:
@@ -127,9 +129,14 @@ def run_job(
 
 
 def _run(
-    spec: JobSpec, reporter: Reporter, out: Path, should_stop: Callable[[], bool], settings: Settings, device: DeviceInfo
+    spec: JobSpec,
+    reporter: Reporter,
+    out: Path,
+    should_stop: Callable[[], bool],
+    settings: Settings,
+    device: DeviceInfo,
 ) -> RunResult:
-    t = spec.training
+    t, policy = spec.training, spec.precision_policy
     keras.utils.set_random_seed(t.seed)
     on_cpu_tf = device.kind == "cpu" and device.backend == "tensorflow"
     built: BuiltModel = build_model(spec, on_cpu_tf=on_cpu_tf)
@@ -147,10 +154,10 @@ def _run(
     fingerprint = spec_fingerprint(spec)
     mode = LossScaleMode(optimizer.mode)
     context = RunContext(
-        policy=spec.precision_policy.value,
-        compute_dtype=spec.precision_policy.compute_dtype,
+        policy=policy.value,
+        compute_dtype=policy.compute_dtype,
         loss_scale_mode=mode,
-        slow_precision_message=slow_precision_message(device, spec.precision_policy.compute_dtype, spec.precision_policy.value),
+        slow_precision_message=slow_precision_message(device, policy.compute_dtype, policy.value),
         float32_layers=built.float32_layers,
     )
     start, summary_state = 0, None
@@ -203,7 +210,7 @@ def _run(
 def _assign(variables: list[keras.Variable], values: list[np.ndarray]) -> None:
     if len(variables) != len(values):
         raise JobFailed(f"checkpoint holds {len(values)} arrays but the model has {len(variables)} variables.")
-    for var, value in zip(variables, values):
+    for var, value in zip(variables, values, strict=True):
         var.assign(value)
 
 

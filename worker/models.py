@@ -190,7 +190,7 @@ def build_model(spec: JobSpec, *, on_cpu_tf: bool) -> BuiltModel:
         if isinstance(m, KerasJsonModel):
             model = _load_keras_json(m, policy)
             loss: str | Callable[..., Any] = output_mean if m.loss == "output_mean" else m.loss
-            loss_name = m.loss
+            loss_name: str = m.loss
         else:
             model = _BUILDERS[type(m)](m)
             if isinstance(m, Conv3dUnetModel):

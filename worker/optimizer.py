@@ -139,9 +139,9 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         )
 
     def apply(self, grads: list[Any], trainable_variables: list[Any] | None = None) -> None:
-        if not self.built:
+        if not self.built:  # type: ignore[has-type]
             with keras.name_scope(self.name, caller=self):
-                self.build(trainable_variables)
+                self.build(trainable_variables or [])
             self.built = True
         apply, unscaled, telemetry = self._measure(list(grads))
         self.telemetry.assign(telemetry)
@@ -160,7 +160,7 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         self, optimizer_variables: list[Any], grads: list[Any], trainable_variables: list[Any]
     ) -> tuple[list[Any], list[Any]]:
         own_count = len(self._variables)
-        mapping = list(zip(self.variables, optimizer_variables))
+        mapping = list(zip(self.variables, optimizer_variables, strict=True))
         with keras.StatelessScope(state_mapping=mapping) as scope:
             apply, unscaled, telemetry = self._measure(list(grads))
             self.telemetry.assign(telemetry)

@@ -45,7 +45,8 @@ class SummaryBuilder:
         self.first_underflow: int | None = s.get("first_underflow")
         self.timed_examples: float = s.get("timed_examples", 0.0)
         self.timed_seconds: float = s.get("timed_seconds", 0.0)
-        self.diverged: tuple[int, str] | None = tuple(s["diverged"]) if s.get("diverged") else None  # type: ignore[assignment]
+        diverged = s.get("diverged")
+        self.diverged: tuple[int, str] | None = (int(diverged[0]), str(diverged[1])) if diverged else None
 
     def state(self) -> dict[str, Any]:
         return {

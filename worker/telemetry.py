@@ -59,8 +59,9 @@ class BatchLoss(keras.metrics.Metric):
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         assert self._loss_fn is not None
-        # Keras's compiled loss averages per-sample values ("sum_over_batch_size").
-        value = keras.ops.cast(self._loss_fn(y_true, y_pred, sample_weight), "float32")
+        # Training uses no sample weights. Keras's compiled loss averages
+        # per-sample values ("sum_over_batch_size"), and so does this.
+        value = keras.ops.cast(self._loss_fn(y_true, y_pred), "float32")
         self.value.assign(keras.ops.mean(value))
 
     def result(self) -> Any:

@@ -22,7 +22,7 @@ def first_step_gradient(train: Train, policy: str, loss_scale: object) -> tuple[
                    training=ONE_SGD_STEP, dataset={"samples": 8})
     result, reporter = train(spec)
     before, after = initial_weights(spec), trained_weights(result)
-    grads = [(b - a).ravel() / SGD_RATE for b, a in zip(before, after) if b.dtype == np.float32]
+    grads = [(b - a).ravel() / SGD_RATE for b, a in zip(before, after, strict=True) if b.dtype == np.float32]
     return np.concatenate(grads), (result, reporter)
 
 
@@ -109,9 +109,9 @@ def test_dynamic_scale_halves_on_overflow_then_trains(train: Train) -> None:
         assert r.skipped and not r.grads_finite
         assert r.loss_scale == 2.0 ** (40 - i)
     # Every skip halves the scale for the next step; applied steps keep it (growth is 2000 steps away).
-    for r, following in zip(records, records[1:]):
+    for r, following in zip(records, records[1:], strict=False):
         assert following.loss_scale == (r.loss_scale / 2 if r.skipped else r.loss_scale)
-    halvings = sum(1 for a, b in zip(records, records[1:]) if b.loss_scale == a.loss_scale / 2)
+    halvings = sum(1 for a, b in zip(records, records[1:], strict=False) if b.loss_scale == a.loss_scale / 2)
     halvings += records[-1].skipped
     assert result.summary.skipped_steps == halvings
     assert sum(not r.skipped for r in records[first_applied:]) >= 0.8 * (len(records) - first_applied)
@@ -120,7 +120,7 @@ def test_dynamic_scale_halves_on_overflow_then_trains(train: Train) -> None:
 
     skipped_only = spec.model_copy(update={"training": spec.training.model_copy(update={"steps": first_applied})})
     result, _ = train(skipped_only)
-    for before, after in zip(initial_weights(skipped_only), trained_weights(result)):
+    for before, after in zip(initial_weights(skipped_only), trained_weights(result), strict=True):
         np.testing.assert_array_equal(before, after)
 
 
@@ -135,7 +135,7 @@ def test_fixed_scale_stays_constant_and_counts_skips(train: Train) -> None:
     assert all(r.skipped and not r.grads_finite for r in reporter.records)
     assert result.summary.skipped_steps == 6
     assert "never backs off" in next(d for d in result.summary.diagnoses if d.code == "overflow_skips").message
-    for before, after in zip(initial_weights(spec), trained_weights(result)):
+    for before, after in zip(initial_weights(spec), trained_weights(result), strict=True):
         np.testing.assert_array_equal(before, after)
 
     spec = spec_of(precision_policy="mixed_float16", loss_scale={"mode": "fixed", "scale": 1024},

@@ -1,0 +1,135 @@
+"""Bad input is refused with the field named and the allowed values listed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from app.schemas import JobSpec
+
+
+def errors_of(data: dict[str, Any]) -> list[dict[str, Any]]:
+    with pytest.raises(ValidationError) as raised:
+        JobSpec.model_validate(data)
+    return raised.value.errors()
+
+
+def only_error(data: dict[str, Any]) -> tuple[str, str]:
+    errs = errors_of(data)
+    assert len(errs) == 1, errs
+    return ".".join(map(str, errs[0]["loc"])), errs[0]["msg"]
+
+
+MLP = {"name": "mlp"}
+
+
+def test_defaults_are_filled_in() -> None:
+    spec = JobSpec.model_validate({"model": MLP, "precision_policy": "mixed_float16"})
+    assert spec.model_dump(mode="json")["loss_scale"] == {"mode": "dynamic", "initial_scale": 32768.0,
+                                                          "growth_steps": 2000}
+    assert JobSpec.model_validate({"model": MLP, "precision_policy": "float16"}).loss_scale.mode == "dynamic"  # type: ignore[union-attr]
+    for policy in ("float32", "mixed_bfloat16", "bfloat16"):
+        assert JobSpec.model_validate({"model": MLP, "precision_policy": policy}).loss_scale.mode == "none"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("bare", "expected"), [
+    ("none", {"mode": "none"}),
+    ("fixed", {"mode": "fixed", "scale": 1024.0}),
+    ("dynamic", {"mode": "dynamic", "initial_scale": 32768.0, "growth_steps": 2000}),
+])
+def test_bare_loss_scale_strings(bare: str, expected: dict[str, Any]) -> None:
+    spec = JobSpec.model_validate({"model": MLP, "loss_scale": bare})
+    assert spec.model_dump(mode="json")["loss_scale"] == expected
+
+
+def test_unknown_policy_lists_the_policies() -> None:
+    field, msg = only_error({"model": MLP, "precision_policy": "fp8"})
+    assert field == "precision_policy"
+    assert msg == "Input should be 'float32', 'mixed_float16', 'mixed_bfloat16', 'float16' or 'bfloat16'"
+
+
+@pytest.mark.parametrize("loss_scale", ["sometimes", {"mode": "sometimes"}])
+def test_unknown_loss_scale_mode_lists_the_modes(loss_scale: object) -> None:
+    field, msg = only_error({"model": MLP, "loss_scale": loss_scale})
+    assert field == "loss_scale"
+    assert "'none'" in msg and "'fixed'" in msg and "'dynamic'" in msg
+
+
+@pytest.mark.parametrize("rate", [float("nan"), float("inf"), -0.001, 0.0])
+def test_bad_learning_rate(rate: float) -> None:
+    field, _ = only_error({"model": MLP, "training": {"learning_rate": rate}})
+    assert field == "training.learning_rate"
+
+
+def test_nan_in_json_text_is_refused() -> None:
+    text = '{"model": {"name": "mlp"}, "training": {"learning_rate": NaN}}'
+    with pytest.raises(ValidationError) as raised:
+        JobSpec.model_validate_json(text)
+    assert raised.value.errors()[0]["loc"][:2] == ("training", "learning_rate")
+
+
+def test_unknown_model_names_the_choices() -> None:
+    field, msg = only_error({"model": {"name": "resnet"}})
+    assert field == "model"
+    assert all(name in msg for name in ("mlp", "cnn", "conv3d_unet", "transformer", "keras_json"))
+
+
+def test_unknown_fields_are_refused() -> None:
+    assert only_error({"model": MLP, "trainng": {}})[0] == "trainng"
+    assert only_error({"model": {"name": "mlp", "width": 3}})[0] == "model.mlp.width"
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("steps", 0), ("steps", 10**9), ("batch_size", 0), ("seed", -1), ("checkpoint_every", 0),
+])
+def test_training_fields_are_bounded(field: str, value: int) -> None:
+    assert only_error({"model": MLP, "training": {field: value}})[0] == f"training.{field}"
+
+
+def _keras_json(layers: list[dict[str, Any]]) -> str:
+    return json.dumps({"module": "keras", "class_name": "Sequential",
+                       "config": {"name": "s", "layers": layers}})
+
+
+def test_lambda_layer_is_refused_before_parsing() -> None:
+    lam = {"module": "keras.layers", "class_name": "Lambda", "config": {"function": "os.system"}}
+    field, msg = only_error({"model": {"keras_json": _keras_json([lam]), "loss": "mean_squared_error"}})
+    assert field == "model.keras_json.keras_json"
+    assert "Lambda" in msg
+
+
+def test_custom_and_foreign_classes_are_refused() -> None:
+    custom = {"module": "mypkg.layers", "class_name": "Evil", "config": {}}
+    assert "mypkg.layers" in only_error({"model": {"keras_json": _keras_json([custom]), "loss": "huber"}})[1]
+    registered = {"module": "keras.layers", "class_name": "Evil", "registered_name": "pkg>Evil", "config": {}}
+    assert "pkg>Evil" in only_error({"model": {"keras_json": _keras_json([registered]), "loss": "huber"}})[1]
+
+
+def test_deep_keras_json_is_refused() -> None:
+    deep: Any = {}
+    for _ in range(200):
+        deep = {"config": deep}
+    text = _keras_json([deep])
+    assert "nested deeper" in only_error({"model": {"keras_json": text, "loss": "huber"}})[1]
+
+
+def test_keras_json_loss_lists_choices() -> None:
+    field, msg = only_error({"model": {"keras_json": _keras_json([]), "loss": "hinge"}})
+    assert field == "model.keras_json.loss"
+    assert "'mean_squared_error'" in msg and "'output_mean'" in msg
+
+
+@pytest.mark.parametrize("path", ["../secret.npz", "/etc/passwd", "a/../../b.npz", "a\\..\\b.npz"])
+def test_dataset_path_must_stay_inside_the_data_root(path: str) -> None:
+    field, msg = only_error({"model": MLP, "dataset": {"kind": "npz", "path": path}})
+    assert field == "dataset.npz.path"
+    assert "data root" in msg
+
+
+def test_transformer_heads_must_divide_width() -> None:
+    field, msg = only_error({"model": {"name": "transformer", "d_model": 65, "heads": 4}})
+    assert field == "model.transformer"
+    assert "d_model=65" in msg

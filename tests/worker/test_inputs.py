@@ -1,0 +1,108 @@
+"""Bring-your-own models and data, and the bad-input cases the engine must catch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from app.config import Settings
+from app.errors import FailureReason, JobFailed
+from tests.worker.conftest import Train, spec_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def small_regressor() -> str:
+    model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+    return str(model.to_json())
+
+
+def test_keras_json_model_trains_under_its_policy(train: Train) -> None:
+    spec = spec_of(model={"keras_json": small_regressor(), "loss": "mean_squared_error"},
+                   precision_policy="mixed_float16", training={"steps": 30, "learning_rate": 0.01},
+                   dataset={"samples": 256})
+    result, reporter = train(spec)
+    losses = [r.loss for r in reporter.records]
+    assert result.status == "succeeded" and len(losses) == 30
+    assert losses[-1] is not None and losses[0] is not None and losses[-1] < losses[0]
+    assert reporter.records[0].loss_scale == 32768.0
+
+
+def test_npz_dataset_is_read_from_the_data_root(train: Train, settings: Settings) -> None:
+    rng = np.random.default_rng(1)
+    settings.data_root.mkdir(parents=True)
+    x = rng.standard_normal((128, 784)).astype(np.float32)
+    np.savez(settings.data_root / "digits.npz", x=x, y=rng.integers(0, 10, 128))
+    result, reporter = train(spec_of(dataset={"kind": "npz", "path": "digits.npz"}, training={"steps": 5}))
+    assert [r.step for r in reporter.records] == [1, 2, 3, 4, 5]
+
+
+def test_symlink_out_of_the_data_root_is_refused(train: Train, settings: Settings, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.npz"
+    np.savez(outside, x=np.zeros((64, 784), np.float32), y=np.zeros(64, np.int32))
+    settings.data_root.mkdir(parents=True)
+    os.symlink(outside, settings.data_root / "link.npz")
+    out = tmp_path / "never-written"
+    with pytest.raises(JobFailed) as raised:
+        train(spec_of(dataset={"kind": "npz", "path": "link.npz"}), out=out)
+    assert raised.value.reason is FailureReason.INVALID_DATASET
+    assert "dataset.path" in raised.value.message
+    assert not out.exists()
+
+
+def test_npz_with_wrong_shape_names_the_shapes(train: Train, settings: Settings, tmp_path: Path) -> None:
+    settings.data_root.mkdir(parents=True)
+    np.savez(settings.data_root / "bad.npz", x=np.zeros((64, 10), np.float32), y=np.zeros(64, np.int32))
+    with pytest.raises(JobFailed) as raised:
+        train(spec_of(dataset={"kind": "npz", "path": "bad.npz"}), out=tmp_path / "no")
+    assert raised.value.reason is FailureReason.INVALID_DATASET
+    assert "(10,)" in raised.value.message and "(784,)" in raised.value.message
+    assert not (tmp_path / "no").exists()
+
+
+def test_broken_keras_json_is_an_invalid_model(train: Train, tmp_path: Path) -> None:
+    config = json.loads(small_regressor())
+    config["config"]["layers"][1]["config"]["units"] = "many"
+    spec = spec_of(model={"keras_json": json.dumps(config), "loss": "huber"})
+    with pytest.raises(JobFailed) as raised:
+        train(spec, out=tmp_path / "no")
+    assert raised.value.reason is FailureReason.INVALID_MODEL
+    assert not (tmp_path / "no").exists()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "worker.train", *args], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=300)
+
+
+def test_cli_prints_one_line_per_step_then_the_summary(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"model": {"name": "mlp"}, "training": {"steps": 7, "checkpoint_every": 3}}))
+    done = run_cli(str(spec), "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [line["step"] for line in lines[:-1]] == list(range(1, 8))
+    assert set(lines[0]) == {"step", "loss", "loss_scale", "grad_norm", "grads_finite", "skipped",
+                             "zero_grad_fraction", "learning_rate", "examples_per_sec", "step_time_ms", "time"}
+    assert lines[-1]["status"] == "succeeded" and lines[-1]["summary"]["steps_done"] == 7
+    assert (tmp_path / "out" / "model.keras").exists() and (tmp_path / "out" / "checkpoint.npz").exists()
+
+
+def test_cli_refuses_a_bad_spec_and_writes_nothing(tmp_path: Path) -> None:
+    spec = tmp_path / "bad.json"
+    spec.write_text(json.dumps({"model": {"name": "mlp"}, "precision_policy": "fp8",
+                                "training": {"learning_rate": -1}}))
+    done = run_cli(str(spec), "--out", str(tmp_path / "out"))
+    assert done.returncode == 2
+    error = json.loads(done.stdout)["error"]
+    assert error["reason"] == "invalid_spec"
+    assert {e["field"] for e in error["errors"]} == {"precision_policy", "training.learning_rate"}
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,90 @@
+"""TelemetryOptimizer: exact numbers, and the same dynamic rule as Keras's own."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from worker.optimizer import TELEMETRY_FIELDS, TelemetryOptimizer
+from worker.telemetry import BatchLoss
+
+
+def telemetry(opt: TelemetryOptimizer) -> dict[str, float]:
+    return dict(zip(TELEMETRY_FIELDS, ops.convert_to_numpy(opt.telemetry).tolist(), strict=True))
+
+
+def make(mode: str, scale: float = 2.0, growth: int = 2000) -> tuple[TelemetryOptimizer, list[keras.Variable]]:
+    variables = [keras.Variable(np.ones((2,), np.float32)), keras.Variable(np.ones((2,), np.float32))]
+    opt = TelemetryOptimizer(keras.optimizers.SGD(learning_rate=0.5), mode=mode, initial_scale=scale,
+                             growth_steps=growth)
+    opt.build(variables)
+    return opt, variables
+
+
+def test_scale_loss() -> None:
+    assert float(make("fixed", 8.0)[0].scale_loss(2.0)) == 16.0
+    assert float(make("dynamic", 2.0**15)[0].scale_loss(1.0)) == 32768.0
+    assert float(make("none", 8.0)[0].scale_loss(3.0)) == 3.0
+
+
+def test_telemetry_of_one_step_is_exact() -> None:
+    opt, variables = make("fixed", 2.0)
+    opt.apply([ops.convert_to_tensor([6.0, 8.0]), ops.convert_to_tensor([0.0, 0.0])], variables)
+    assert telemetry(opt) == {"loss_scale": 2.0, "grad_norm": 5.0, "grads_finite": 1.0, "skipped": 0.0,
+                              "zero_grad_fraction": 0.5}
+    # The unscaled gradient [3, 4] was applied with rate 0.5.
+    np.testing.assert_array_equal(ops.convert_to_numpy(variables[0]), [-0.5, -1.0])
+
+
+@pytest.mark.parametrize(("mode", "skipped"), [("fixed", 1.0), ("dynamic", 1.0), ("none", 0.0)])
+def test_non_finite_step(mode: str, skipped: float) -> None:
+    opt, variables = make(mode, 4.0)
+    opt.apply([ops.convert_to_tensor([np.inf, 1.0]), ops.convert_to_tensor([1.0, 1.0])], variables)
+    t = telemetry(opt)
+    assert t["grads_finite"] == 0.0 and t["skipped"] == skipped
+    applied = not np.array_equal(ops.convert_to_numpy(variables[1]), [1.0, 1.0])
+    assert applied is (mode == "none")
+    assert float(ops.convert_to_numpy(opt.loss_scale)) == {"fixed": 4.0, "dynamic": 2.0, "none": 1.0}[mode]
+
+
+def test_dynamic_rule_matches_keras_loss_scale_optimizer() -> None:
+    ours, our_vars = make("dynamic", 2.0**10, growth=3)
+    keras_vars = [keras.Variable(np.ones((2,), np.float32)), keras.Variable(np.ones((2,), np.float32))]
+    reference = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(learning_rate=0.5),
+                                                    initial_scale=2.0**10, dynamic_growth_steps=3)
+    reference.build(keras_vars)
+    finite = [1.0, 2.0]
+    pattern = [finite, [np.nan, 1.0], finite, finite, finite, finite, [np.inf, 0.0], finite, finite, finite, finite]
+    scales = []
+    for grad in pattern:
+        grads = [ops.convert_to_tensor(grad, "float32"), ops.convert_to_tensor([1.0, 1.0])]
+        ours.apply(grads, our_vars)
+        reference.apply(grads, keras_vars)
+        assert float(ops.convert_to_numpy(ours.loss_scale)) == float(ops.convert_to_numpy(reference.dynamic_scale))
+        for a, b in zip(our_vars, keras_vars, strict=True):
+            np.testing.assert_array_equal(ops.convert_to_numpy(a), ops.convert_to_numpy(b))
+        scales.append(float(ops.convert_to_numpy(ours.loss_scale)))
+    assert scales == [1024, 512, 512, 512, 1024, 1024, 512, 512, 512, 1024, 1024]
+
+
+def test_unknown_mode_says_what_was_expected() -> None:
+    with pytest.raises(ValueError, match=r"Expected mode to be one of \('none', 'fixed', 'dynamic'\). "
+                                         r"Received: mode='static'"):
+        TelemetryOptimizer(keras.optimizers.SGD(), mode="static")
+
+
+def test_batch_loss_is_the_batch_not_the_running_mean() -> None:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mean_squared_error",
+                  metrics=[BatchLoss("mean_squared_error")])
+    x = np.array([[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]], np.float32)
+    seen: list[dict[str, float]] = []
+    keep = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(dict(logs)))
+    model.fit(x, np.zeros((2, 1)), batch_size=1, shuffle=False, verbose=0, callbacks=[keep])
+    predictions = ops.convert_to_numpy(model(x))[:, 0]  # the rate is 0: weights never move
+    assert seen[0]["batch_loss"] == pytest.approx(predictions[0] ** 2, rel=1e-6)
+    assert seen[1]["batch_loss"] == pytest.approx(predictions[1] ** 2, rel=1e-6)
+    assert seen[1]["loss"] == pytest.approx((predictions[0] ** 2 + predictions[1] ** 2) / 2, rel=1e-6)

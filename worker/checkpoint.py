@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,38 @@ def load(directory: Path) -> Checkpoint | None:
         model = [archive[f"model_{i}"] for i in range(_count(archive.files, "model_"))]
         opt = [archive[f"optimizer_{i}"] for i in range(_count(archive.files, "optimizer_"))]
     return Checkpoint(meta["step"], meta["fingerprint"], model, opt, meta["summary"])
+
+
+class CheckpointWriter:
+    """Writes checkpoints on one background thread, so a step waits only for the
+    in-memory snapshot. At most one write is in flight; `close` waits for it and
+    re-raises its error, if any."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, ckpt: Checkpoint) -> None:
+        self.wait()
+        self._thread = threading.Thread(target=self._write, args=(ckpt,), name="checkpoint-writer", daemon=True)
+        self._thread.start()
+
+    def _write(self, ckpt: Checkpoint) -> None:
+        try:
+            save(self.directory, ckpt)
+        except BaseException as exc:  # Surfaced on the training thread by wait().
+            self._error = exc
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    close = wait
 
 
 def _count(names: list[str], prefix: str) -> int:

@@ -25,6 +25,10 @@ TEACHER_WIDTH = 64
 TOKEN_FEATURES = 16
 """Width of the teacher's token embedding for integer (token) inputs."""
 
+SEGMENT_BYTES = 256 * 2**20
+"""Most input bytes handed to one `fit` call. Each call costs tens of
+milliseconds of set-up, so epochs are joined up to this size."""
+
 
 @dataclass(frozen=True)
 class Dataset:
@@ -37,8 +41,8 @@ class Dataset:
     def steps_per_epoch(self) -> int:
         return len(self.x) // self.batch_size
 
-    def segments(self, start_step: int, end_step: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Yield (x, y) arrays, one per epoch touched, covering steps start+1..end."""
+    def batches(self, start_step: int, end_step: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield (x, y) index runs, one per epoch touched, for steps start+1..end."""
         per_epoch, bs = self.steps_per_epoch, self.batch_size
         step = start_step
         while step < end_step:
@@ -48,6 +52,14 @@ class Dataset:
             idx = order[offset * bs : (offset + count) * bs]
             yield self.x[idx], self.y[idx]
             step += count
+
+    def segments(self, start_step: int, end_step: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Like `batches`, with consecutive epochs joined up to `SEGMENT_BYTES` per segment."""
+        bytes_per_step = max(1, self.x[: self.batch_size].nbytes + self.y[: self.batch_size].nbytes)
+        steps_per_segment = max(self.steps_per_epoch, SEGMENT_BYTES // bytes_per_step)
+        for first in range(start_step, end_step, steps_per_segment):
+            parts = list(self.batches(first, min(first + steps_per_segment, end_step)))
+            yield np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
 def _teacher_features(x: np.ndarray, rng: np.random.Generator, vocab: int | None) -> np.ndarray:

@@ -30,7 +30,7 @@ from worker.devices import DeviceInfo, detect_device, slow_precision_message
 from worker.models import BuiltModel, build_model
 from worker.optimizer import TelemetryOptimizer
 from worker.summary import RunContext, SummaryBuilder
-from worker.telemetry import BatchLoss, ListReporter, Reporter, TelemetryCallback
+from worker.telemetry import BatchLoss, ListReporter, Reporter, StepTelemetry, TelemetryCallback
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,10 @@ def _run(
         settings.data_root, _vocab(model),
     )
     optimizer = make_optimizer(spec)
-    model.compile(optimizer=optimizer, loss=built.loss, metrics=[BatchLoss(built.loss)], auto_scale_loss=False)
+    # Stateful backends read the loss and statistics the optimizer stored in the
+    # step; JAX metrics cannot see the optimizer's new state, so it recomputes the loss.
+    metrics = [BatchLoss(built.loss)] if keras.backend.backend() == "jax" else [StepTelemetry(optimizer)]
+    model.compile(optimizer=optimizer, loss=built.loss, metrics=metrics, auto_scale_loss=False)
     optimizer.build(model.trainable_variables)
 
     fingerprint = spec_fingerprint(spec)
@@ -170,14 +173,17 @@ def _run(
         start, summary_state = saved.step, saved.summary_state
     builder = SummaryBuilder(context, summary_state)
 
+    writer = checkpoint.CheckpointWriter(out)
+
     def save_checkpoint(step: int) -> None:
         sync = getattr(model, "jax_state_sync", None)
         if sync is not None:
             sync()
-        checkpoint.save(out, checkpoint.Checkpoint(
+        # Copies: the writer thread must not see the next step's in-place updates.
+        writer.submit(checkpoint.Checkpoint(
             step, fingerprint,
-            [keras.ops.convert_to_numpy(v.value) for v in model.variables],
-            [keras.ops.convert_to_numpy(v.value) for v in optimizer.variables],
+            [np.array(keras.ops.convert_to_numpy(v.value), copy=True) for v in model.variables],
+            [np.array(keras.ops.convert_to_numpy(v.value), copy=True) for v in optimizer.variables],
             builder.state(),
         ))
 
@@ -187,16 +193,19 @@ def _run(
         save_checkpoint=save_checkpoint, should_stop=should_stop,
         report_interval_s=settings.report_interval_s, report_max_records=settings.report_max_records,
     )
-    for x, y in dataset.segments(start, t.steps):
-        model.fit(x, y, batch_size=t.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
-        if callback.stopped or callback.failure is not None:
-            break
-    callback.flush()
+    try:
+        for x, y in dataset.segments(start, t.steps):
+            model.fit(x, y, batch_size=t.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+            if callback.stopped or callback.failure is not None:
+                break
+        callback.flush()
+        if callback.failure is None and builder.steps_done != start and builder.steps_done % t.checkpoint_every:
+            save_checkpoint(builder.steps_done)
+    finally:
+        writer.close()
     if callback.failure is not None:
         reporter.summary(builder.summary())
         raise callback.failure
-    if builder.steps_done != start and builder.steps_done % t.checkpoint_every != 0:
-        save_checkpoint(builder.steps_done)
     model_path = None
     if not callback.stopped:
         model_path = _save_model(model, out)

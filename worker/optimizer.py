@@ -4,9 +4,10 @@ Keras 3's `LossScaleOptimizer` is dynamic only and keeps its scale and its
 skipped steps to itself. This wrapper implements the three modes and, inside
 the compiled step, writes one small `telemetry` vector per step:
 
-    [loss_scale used, grad_norm (unscaled), grads_finite, skipped, zero_grad_fraction]
+    [loss, loss_scale used, grad_norm (unscaled), grads_finite, skipped, zero_grad_fraction]
 
-Reading that vector is the only extra device-to-host copy per step.
+`loss` is the unscaled loss `scale_loss` received (stateful backends; under
+JAX that assignment is discarded and the `BatchLoss` metric reports it).
 
 Dynamic mode follows Keras exactly: a non-finite step halves the scale and is
 skipped; after `growth_steps` finite steps in a row the scale doubles.
@@ -25,7 +26,12 @@ from typing import Any
 import keras
 from keras import ops
 
-TELEMETRY_FIELDS = ("loss_scale", "grad_norm", "grads_finite", "skipped", "zero_grad_fraction")
+TELEMETRY_FIELDS = ("loss", "loss_scale", "grad_norm", "grads_finite", "skipped", "zero_grad_fraction")
+FLAT_STATS_MAX_ELEMENTS = 2**24
+"""Up to this many gradient elements, the statistics run on one concatenated
+vector: a few ops instead of several per variable, which is what a small model's
+step time is made of. Above it, per-variable reductions avoid a copy of every
+gradient in device memory."""
 MODES = ("none", "fixed", "dynamic")
 
 
@@ -67,6 +73,9 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         self.good_steps = self.add_variable(
             shape=(), dtype="int32", initializer="zeros", aggregation="none", name="good_steps"
         )
+        self.batch_loss = self.add_variable(
+            shape=(), dtype="float32", initializer="zeros", aggregation="none", name="batch_loss"
+        )
         self.telemetry = self.add_variable(
             shape=(len(TELEMETRY_FIELDS),), dtype="float32", initializer="zeros",
             aggregation="none", name="telemetry",
@@ -91,6 +100,8 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         return self.inner_optimizer.iterations
 
     def scale_loss(self, loss: Any) -> Any:
+        if self.built:
+            self.batch_loss.assign(ops.cast(loss, "float32"))
         if self.mode == "none":
             return loss
         scale = self.loss_scale if self.built else self.initial_scale
@@ -100,28 +111,33 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
 
     def _measure(self, grads: list[Any]) -> tuple[Any, list[Any], Any]:
         """Unscale, measure and decide. Returns (apply?, unscaled grads, telemetry)."""
-        scale = ops.cast(self.loss_scale, "float32")
-        present = [g for g in grads if g is not None]
-        finite = ops.all(ops.stack([ops.all(ops.isfinite(g)) for g in present]))
-        zeros = ops.sum(
-            ops.stack([ops.sum(ops.cast(ops.equal(g, 0), "float32")) for g in present])
-        )
-        total = float(sum(math.prod(g.shape) for g in present))
-        unscaled = [
-            None if g is None else ops.cast(ops.cast(g, "float32") / scale, g.dtype)
-            for g in grads
-        ]
-        sq = ops.sum(
-            ops.stack([ops.sum(ops.square(ops.cast(g, "float32"))) for g in unscaled if g is not None])
-        )
-        apply = finite if self.mode != "none" else ops.convert_to_tensor(True)
-        parts = [
-            scale,
-            ops.sqrt(sq),
-            ops.cast(finite, "float32"),
-            1.0 - ops.cast(apply, "float32"),
-            zeros / total,
-        ]
+        if self.mode == "none":
+            scale, unscaled = ops.convert_to_tensor(1.0, "float32"), list(grads)
+        else:
+            scale = ops.cast(self.loss_scale, "float32")
+            unscaled = [
+                None if g is None else ops.cast(ops.cast(g, "float32") / scale, g.dtype) for g in grads
+            ]
+        # Measured after unscaling, in float32: a scaled norm could overflow float32
+        # where the true one does not. Division by a scale >= 1 cannot turn a
+        # float32 gradient into exactly zero, so the zero count is backprop's own.
+        present = [ops.cast(g, "float32") for g in unscaled if g is not None]
+        if sum(math.prod(g.shape) for g in present) <= FLAT_STATS_MAX_ELEMENTS:
+            flat = ops.concatenate([ops.reshape(g, (-1,)) for g in present])
+            finite = ops.all(ops.isfinite(flat))
+            zero_fraction = ops.mean(ops.cast(ops.equal(flat, 0.0), "float32"))
+            sq = ops.sum(ops.square(flat))
+        else:
+            finite = ops.all(ops.stack([ops.all(ops.isfinite(g)) for g in present]))
+            total = float(sum(math.prod(g.shape) for g in present))
+            zero_fraction = ops.sum(ops.stack([ops.sum(ops.cast(ops.equal(g, 0.0), "float32")) for g in present]))
+            zero_fraction = zero_fraction / total
+            sq = ops.sum(ops.stack([ops.sum(ops.square(g)) for g in present]))
+        if self.mode == "none":  # Plain Keras applies every step.
+            apply, skipped = ops.convert_to_tensor(True), ops.convert_to_tensor(0.0)
+        else:
+            apply, skipped = finite, ops.logical_not(finite)
+        parts = [self.batch_loss, scale, ops.sqrt(sq), finite, skipped, zero_fraction]
         telemetry = ops.stack([ops.cast(p, "float32") for p in parts])
         return apply, unscaled, telemetry
 
@@ -145,7 +161,7 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
             self.built = True
         apply, unscaled, telemetry = self._measure(list(grads))
         self.telemetry.assign(telemetry)
-        finite = ops.cast(telemetry[2], "bool")
+        finite = ops.cast(telemetry[3], "bool")
         if self.mode == "none":
             self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables)
         else:
@@ -164,7 +180,7 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         with keras.StatelessScope(state_mapping=mapping) as scope:
             apply, unscaled, telemetry = self._measure(list(grads))
             self.telemetry.assign(telemetry)
-            self._update_scale(ops.cast(telemetry[2], "bool"))
+            self._update_scale(ops.cast(telemetry[3], "bool"))
             own = [scope.get_current_value(v) for v in self._variables]
         inner_vars = list(optimizer_variables[own_count:])
 

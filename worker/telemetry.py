@@ -8,6 +8,7 @@ the gradient statistics in the optimizer's one `telemetry` vector.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -20,6 +21,7 @@ from app.schemas import LossScaleMode, StepRecord, Summary
 from worker.optimizer import TelemetryOptimizer
 from worker.summary import SummaryBuilder
 
+TELEMETRY_LOG_KEY = "step_telemetry"
 DIVERGENCE_PATIENCE = 10
 """Consecutive non-finite losses after which a scaled run is declared diverged."""
 
@@ -71,8 +73,34 @@ class BatchLoss(keras.metrics.Metric):
         self.value.assign(0.0)
 
 
+@keras.saving.register_keras_serializable(package="mpjobs")
+class StepTelemetry(keras.metrics.Metric):
+    """Puts the optimizer's telemetry vector into `logs`, read inside the compiled step.
+
+    `fit` already brings `logs` to the host each step, so this costs one
+    variable read in the graph instead of an eager read per step. Stateful
+    backends only (TensorFlow, torch): under JAX, metrics cannot see the
+    optimizer's new state, and the callback reads the trainer's state instead.
+    """
+
+    def __init__(self, optimizer: TelemetryOptimizer | None = None, name: str = TELEMETRY_LOG_KEY,
+                 **kwargs: Any) -> None:
+        super().__init__(name=name, **kwargs)
+        self._read = (lambda: optimizer.telemetry.value) if optimizer is not None else None
+
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        """Nothing to accumulate: the optimizer wrote this step's values."""
+
+    def result(self) -> Any:
+        assert self._read is not None
+        return self._read()
+
+    def reset_state(self) -> None:
+        """Nothing to reset."""
+
+
 def _finite_or_none(value: float) -> float | None:
-    return float(value) if np.isfinite(value) else None
+    return value if math.isfinite(value) else None
 
 
 class TelemetryCallback(keras.callbacks.Callback):
@@ -109,7 +137,9 @@ class TelemetryCallback(keras.callbacks.Callback):
         self._t0 = 0.0
         self._telemetry_index: int | None = None
 
-    def _read_telemetry(self) -> np.ndarray:
+    def _read_telemetry(self, logs: dict[str, Any]) -> np.ndarray:
+        if TELEMETRY_LOG_KEY in logs:
+            return np.asarray(logs[TELEMETRY_LOG_KEY])
         optimizer: TelemetryOptimizer = self.model.optimizer
         jax_state = getattr(self.model, "_jax_state", None)
         if jax_state:  # JAX keeps the live values outside the variables during fit.
@@ -125,8 +155,9 @@ class TelemetryCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         elapsed = time.perf_counter() - self._t0
         self.step += 1
-        scale, grad_norm, finite, skipped, zero_fraction = self._read_telemetry().tolist()
-        loss = _finite_or_none((logs or {}).get("batch_loss", float("nan")))
+        logs = logs or {}
+        batch_loss, scale, grad_norm, finite, skipped, zero_fraction = self._read_telemetry(logs).tolist()
+        loss = _finite_or_none(float(logs.get("batch_loss", batch_loss)))
         now = self.clock()
         record = StepRecord(
             step=self.step,

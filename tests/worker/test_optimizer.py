@@ -31,9 +31,10 @@ def test_scale_loss() -> None:
 
 def test_telemetry_of_one_step_is_exact() -> None:
     opt, variables = make("fixed", 2.0)
+    opt.scale_loss(ops.convert_to_tensor(1.5))
     opt.apply([ops.convert_to_tensor([6.0, 8.0]), ops.convert_to_tensor([0.0, 0.0])], variables)
-    assert telemetry(opt) == {"loss_scale": 2.0, "grad_norm": 5.0, "grads_finite": 1.0, "skipped": 0.0,
-                              "zero_grad_fraction": 0.5}
+    assert telemetry(opt) == {"loss": 1.5, "loss_scale": 2.0, "grad_norm": 5.0, "grads_finite": 1.0,
+                              "skipped": 0.0, "zero_grad_fraction": 0.5}
     # The unscaled gradient [3, 4] was applied with rate 0.5.
     np.testing.assert_array_equal(ops.convert_to_numpy(variables[0]), [-0.5, -1.0])
 
@@ -47,6 +48,17 @@ def test_non_finite_step(mode: str, skipped: float) -> None:
     applied = not np.array_equal(ops.convert_to_numpy(variables[1]), [1.0, 1.0])
     assert applied is (mode == "none")
     assert float(ops.convert_to_numpy(opt.loss_scale)) == {"fixed": 4.0, "dynamic": 2.0, "none": 1.0}[mode]
+
+
+def test_per_variable_statistics_match_the_flat_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    grads = [ops.convert_to_tensor([6.0, 0.0]), ops.convert_to_tensor([0.0, 8.0])]
+    flat, variables = make("fixed", 2.0)
+    flat.apply(grads, variables)
+    monkeypatch.setattr("worker.optimizer.FLAT_STATS_MAX_ELEMENTS", 0)
+    per_variable, variables = make("fixed", 2.0)
+    per_variable.apply(grads, variables)
+    assert telemetry(per_variable) == telemetry(flat)
+    assert telemetry(flat)["grad_norm"] == 5.0 and telemetry(flat)["zero_grad_fraction"] == 0.5
 
 
 def test_dynamic_rule_matches_keras_loss_scale_optimizer() -> None:

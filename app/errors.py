@@ -3,6 +3,9 @@
 Error tree::
 
     MpjobsError
+    ├── JobNotFound          HTTP 404
+    │   └── ArtifactNotFound HTTP 404
+    ├── ServiceUnavailable   HTTP 503 (Redis unreachable)
     └── JobFailed            a job ended with a named FailureReason
         ├── InvalidModel         reason=invalid_model
         ├── InvalidDataset       reason=invalid_dataset
@@ -34,6 +37,21 @@ class FailureReason(StrEnum):
 
 class MpjobsError(Exception):
     """Base of every error this project raises on purpose."""
+
+
+class JobNotFound(MpjobsError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"No job with id {job_id!r}.")
+
+
+class ArtifactNotFound(JobNotFound):
+    def __init__(self, job_id: str, name: str) -> None:
+        MpjobsError.__init__(self, f"Job {job_id!r} has no {name} yet; it is written when the job succeeds.")
+
+
+class ServiceUnavailable(MpjobsError):
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"Redis is unreachable, so jobs cannot be read or queued right now: {detail}")
 
 
 class JobFailed(MpjobsError):

@@ -216,6 +216,8 @@ class TelemetryCallback(keras.callbacks.Callback):
             self.failure = Diverged(message)
 
     def flush(self) -> None:
+        """Hand the buffered records to the reporter, then the summary so far."""
         if self.buffer:
             self.reporter.steps(self.buffer)
             self.buffer = []
+            self.reporter.summary(self.builder.summary())

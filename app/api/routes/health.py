@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Response, status
+
+from app import services
+from app.api.deps import RQRedisDep
+from app.resources import Health
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=Health)
+def healthz() -> Health:
+    """Liveness: the API process answers."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Health)
+def readyz(redis: RQRedisDep, response: Response) -> Health:
+    """Readiness: Redis answers, and live workers per queue."""
+    health = services.readiness(redis)
+    if health.status != "ok":
+        response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    return health

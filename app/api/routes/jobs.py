@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Query, Response, status
+from fastapi.responses import FileResponse
+
+from app import services
+from app.api.deps import RQRedisDep, SettingsDep, StoreDep
+from app.api.examples import SPEC_EXAMPLES
+from app.resources import Job, JobPage, JobState
+from app.schemas import JobSpec
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Job)
+def submit_job(
+    spec: Annotated[JobSpec, Body(openapi_examples=SPEC_EXAMPLES)], store: StoreDep, redis: RQRedisDep,
+    response: Response,
+) -> Job:
+    """Queue a training job. Defaults are filled in; a bad spec gets 422 naming the field."""
+    job = services.submit(store, redis, spec)
+    response.headers["Location"] = f"/jobs/{job.id}"
+    return job
+
+
+@router.get("", response_model=JobPage)
+def list_jobs(
+    store: StoreDep,
+    state: JobState | None = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[int | None, Query(ge=0, description="next_cursor of the previous page")] = None,
+) -> JobPage:
+    return services.list_jobs(store, state, limit, cursor)
+
+
+@router.get("/{job_id}", response_model=Job)
+def get_job(job_id: str, store: StoreDep) -> Job:
+    return services.get(store, job_id)
+
+
+@router.delete("/{job_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Job)
+def cancel_job(job_id: str, store: StoreDep, redis: RQRedisDep) -> Job:
+    return services.cancel(store, redis, job_id)
+
+
+@router.get("/{job_id}/artifacts/model.keras", response_class=FileResponse)
+def model_artifact(job_id: str, store: StoreDep, settings: SettingsDep) -> FileResponse:
+    path = services.artifact(store, settings, job_id)
+    return FileResponse(path, media_type="application/octet-stream", filename=f"{job_id}.keras")

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+
+from app import services
+from app.api.deps import StoreDep
+from app.api.sse import stream_job
+from app.resources import MetricsBuckets, MetricsPage
+
+router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"])
+
+
+@router.get("", response_model=MetricsPage | MetricsBuckets)
+def read_metrics(
+    job_id: str,
+    store: StoreDep,
+    after: Annotated[int, Query(ge=0, description="return steps after this one")] = 0,
+    limit: Annotated[int, Query(ge=1, le=services.MAX_PAGE)] = 1000,
+    max_points: Annotated[int | None, Query(ge=1, le=10_000, description="bucket the whole run")] = None,
+) -> MetricsPage | MetricsBuckets:
+    """Step records in step order, each once; or, with `max_points`, min/mean/max buckets over the whole run."""
+    if max_points is not None:
+        return services.buckets(store, job_id, max_points)
+    return services.metrics(store, job_id, after, limit)
+
+
+@router.get("/stream", response_class=StreamingResponse)
+def stream_metrics(
+    job_id: str,
+    request: Request,
+    store: StoreDep,
+    after: Annotated[int | None, Query(ge=0)] = None,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> StreamingResponse:
+    """Server-Sent Events: `metrics` (id = step), `state`, and `end` once the job is terminal."""
+    services.get(store, job_id)
+    start = int(last_event_id) if last_event_id and last_event_id.isdigit() else (after or 0)
+    return StreamingResponse(
+        stream_job(request.app.state.aredis, job_id, start, request.is_disconnected),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

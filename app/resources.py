@@ -1,0 +1,106 @@
+"""What the API returns: job resources, pages, metric points and buckets."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel
+
+from app.schemas import JobSpec, StepRecord, Summary
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELED})
+
+
+class Transition(BaseModel):
+    state: JobState
+    at: str
+    message: str
+
+
+class Progress(BaseModel):
+    step: int
+    total_steps: int
+
+
+class JobError(BaseModel):
+    reason: str
+    message: str
+
+
+class WorkerInfo(BaseModel):
+    host: str
+    pid: int
+    device: dict[str, Any]
+
+
+class Job(BaseModel):
+    id: str
+    name: str | None
+    state: JobState
+    queue: str
+    spec: JobSpec
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    transitions: list[Transition]
+    progress: Progress
+    summary: Summary | None
+    error: JobError | None
+    attempt: int
+    worker: WorkerInfo | None
+
+
+class JobPage(BaseModel):
+    jobs: list[Job]
+    next_cursor: str | None
+    """Pass as `cursor` for the next (older) page; null on the last page."""
+
+
+class MetricsPage(BaseModel):
+    job_id: str
+    points: list[StepRecord]
+    next_after: int | None
+    """Pass as `after` for the next page; null when no more steps exist yet."""
+
+
+class Stat(BaseModel):
+    min: float | None
+    mean: float | None
+    max: float | None
+
+
+class Bucket(BaseModel):
+    first_step: int
+    last_step: int
+    steps: int
+    loss: Stat
+    grad_norm: Stat
+    loss_scale: Stat
+    skipped: int
+
+
+class MetricsBuckets(BaseModel):
+    job_id: str
+    buckets: list[Bucket]
+    total_steps: int
+    """Steps recorded so far, all covered by the buckets."""
+
+
+class Health(BaseModel):
+    status: str
+    redis: str | None = None
+    workers: dict[str, int] | None = None

@@ -1,0 +1,106 @@
+"""Exact min/mean/max aggregates of step records, mergeable.
+
+The worker writes one rollup per `ROLLUP_STEPS` steps beside the raw series, so
+the API can draw a 100k-step run as 500 buckets by reading ~1,600 rollups
+instead of 100,000 points. Merging is exact: mins, maxes, sums and counts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from app.resources import Bucket, Stat
+
+ROLLUP_STEPS = 64
+"""Steps per stored rollup."""
+
+_SERIES = ("loss", "grad_norm", "loss_scale")
+
+
+@dataclass
+class Series:
+    n: int = 0
+    total: float = 0.0
+    lo: float = math.inf
+    hi: float = -math.inf
+
+    def add(self, value: float | None) -> None:
+        if value is None or not math.isfinite(value):
+            return
+        self.n += 1
+        self.total += value
+        self.lo, self.hi = min(self.lo, value), max(self.hi, value)
+
+    def merge(self, other: Series) -> None:
+        self.n += other.n
+        self.total += other.total
+        self.lo, self.hi = min(self.lo, other.lo), max(self.hi, other.hi)
+
+    def stat(self) -> Stat:
+        if not self.n:
+            return Stat(min=None, mean=None, max=None)
+        return Stat(min=self.lo, mean=self.total / self.n, max=self.hi)
+
+
+@dataclass
+class Rollup:
+    first_step: int = 0
+    last_step: int = 0
+    steps: int = 0
+    skipped: int = 0
+    series: dict[str, Series] = field(default_factory=lambda: {name: Series() for name in _SERIES})
+
+    def add(self, record: dict[str, Any]) -> None:
+        step = int(record["step"])
+        self.first_step = self.first_step or step
+        self.last_step = step
+        self.steps += 1
+        self.skipped += bool(record["skipped"])
+        for name in _SERIES:
+            self.series[name].add(record[name])
+
+    def merge(self, other: Rollup) -> None:
+        self.first_step = self.first_step or other.first_step
+        self.last_step = other.last_step or self.last_step
+        self.steps += other.steps
+        self.skipped += other.skipped
+        for name in _SERIES:
+            self.series[name].merge(other.series[name])
+
+    def bucket(self) -> Bucket:
+        s = self.series
+        return Bucket(first_step=self.first_step, last_step=self.last_step, steps=self.steps,
+                      loss=s["loss"].stat(), grad_norm=s["grad_norm"].stat(),
+                      loss_scale=s["loss_scale"].stat(), skipped=self.skipped)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for values in data["series"].values():  # JSON has no infinity
+            if not values["n"]:
+                values["lo"] = values["hi"] = None
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Rollup:
+        series = {
+            name: Series(v["n"], v["total"], math.inf if v["lo"] is None else v["lo"],
+                         -math.inf if v["hi"] is None else v["hi"])
+            for name, v in data["series"].items()
+        }
+        return cls(data["first_step"], data["last_step"], data["steps"], data["skipped"], series)
+
+
+def bucketize(rollups: list[Rollup], max_buckets: int) -> list[Bucket]:
+    """Merge consecutive rollups (in step order) into at most `max_buckets` buckets."""
+    if not rollups:
+        return []
+    per_bucket = math.ceil(len(rollups) / max_buckets)
+    buckets = []
+    for start in range(0, len(rollups), per_bucket):
+        merged = Rollup()
+        for part in rollups[start : start + per_bucket]:
+            merged.merge(part)
+        buckets.append(merged.bucket())
+    return buckets

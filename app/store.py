@@ -1,0 +1,224 @@
+"""The Redis data layer: job records, state transitions, metric series.
+
+Keys (prefix `mpjobs:`):
+    job:{id}            hash   the job record (state, spec, times, summary, error...)
+    job:{id}:events     stream one entry per state transition (also feeds SSE)
+    job:{id}:metrics    stream one entry per step, entry id `{step}-0`
+    job:{id}:rollup     stream one entry per ROLLUP_STEPS steps, entry id `{index}-0`
+    jobs                zset   every job id, scored by creation sequence
+    jobs:{state}        zset   job ids in that state, same scores
+    seq                 string creation sequence counter
+
+Shared by the API and the worker; it imports neither FastAPI nor TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from redis import Redis
+from redis.client import Pipeline
+
+from app import clock
+from app.resources import (
+    Bucket,
+    Job,
+    JobError,
+    JobState,
+    MetricsBuckets,
+    MetricsPage,
+    Progress,
+    Transition,
+    WorkerInfo,
+)
+from app.rollup import ROLLUP_STEPS, Rollup, bucketize
+from app.schemas import JobSpec, StepRecord, Summary
+
+PREFIX = "mpjobs:"
+RAW_BUCKET_LIMIT = 4096
+"""Up to this many steps, buckets are cut from the raw series; beyond, from rollups."""
+
+# Atomic transition: check the current state, set fields, record the event, move indexes.
+_TRANSITION = """
+local cur = redis.call('HGET', KEYS[1], 'state')
+if not cur then return {'missing', ''} end
+local allowed = false
+for s in string.gmatch(ARGV[4], '%S+') do if s == cur then allowed = true end end
+if not allowed then return {'refused', cur} end
+local seq = redis.call('HGET', KEYS[1], 'seq')
+redis.call('HSET', KEYS[1], 'state', ARGV[1])
+for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('XADD', KEYS[2], '*', 'state', ARGV[1], 'at', ARGV[2], 'message', ARGV[3])
+redis.call('ZREM', ARGV[5] .. cur, ARGV[6])
+redis.call('ZADD', ARGV[5] .. ARGV[1], seq, ARGV[6])
+return {'ok', cur}
+"""
+
+
+def job_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}"
+
+
+def events_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:events"
+
+
+def metrics_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:metrics"
+
+
+def rollup_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:rollup"
+
+
+def _loads(value: str | None) -> Any:
+    return None if value is None else json.loads(value)
+
+
+class JobStore:
+    """Jobs in Redis. Connections are passed in; this class owns none."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self._transition = redis.register_script(_TRANSITION)
+
+    # -- records -------------------------------------------------------------
+
+    def create(self, spec: JobSpec, queue: str, enqueue: Callable[[str, Pipeline], None], pipe: Pipeline) -> str:
+        """Enqueue and write the record in one MULTI/EXEC on `pipe`: both or neither.
+
+        RQ opens the MULTI itself, so `enqueue` goes first.
+        """
+        job_id = uuid.uuid4().hex
+        seq = int(self.redis.incr(f"{PREFIX}seq"))
+        at = clock.iso()
+        with pipe:
+            enqueue(job_id, pipe)
+            pipe.hset(job_key(job_id), mapping={
+                "id": job_id, "seq": seq, "state": JobState.QUEUED.value, "queue": queue,
+                "name": json.dumps(spec.name), "spec": spec.model_dump_json(), "created_at": at,
+                "attempt": 0, "step": 0, "total_steps": spec.training.steps,
+            })
+            pipe.xadd(events_key(job_id), {"state": JobState.QUEUED.value, "at": at,
+                                           "message": f"queued on '{queue}'"})
+            pipe.zadd(f"{PREFIX}jobs", {job_id: seq})
+            pipe.zadd(f"{PREFIX}jobs:{JobState.QUEUED.value}", {job_id: seq})
+            pipe.execute()
+        return job_id
+
+    def exists(self, job_id: str) -> bool:
+        return bool(self.redis.exists(job_key(job_id)))
+
+    def get(self, job_id: str) -> Job | None:
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(job_key(job_id))
+            pipe.xrange(events_key(job_id))
+            raw, events = pipe.execute()
+        return self._job(raw, events) if raw else None
+
+    def _job(self, raw: dict[str, str], events: list[tuple[str, dict[str, str]]]) -> Job:
+        return Job(
+            id=raw["id"], name=json.loads(raw["name"]), state=JobState(raw["state"]), queue=raw["queue"],
+            spec=JobSpec.model_validate_json(raw["spec"]), created_at=raw["created_at"],
+            started_at=raw.get("started_at"), finished_at=raw.get("finished_at"),
+            transitions=[Transition(state=JobState(e["state"]), at=e["at"], message=e["message"]) for _, e in events],
+            progress=Progress(step=int(raw["step"]), total_steps=int(raw["total_steps"])),
+            summary=Summary.model_validate_json(raw["summary"]) if raw.get("summary") else None,
+            error=JobError.model_validate_json(raw["error"]) if raw.get("error") else None,
+            attempt=int(raw["attempt"]),
+            worker=WorkerInfo.model_validate_json(raw["worker"]) if raw.get("worker") else None,
+        )
+
+    def list(self, state: JobState | None, limit: int, cursor: int | None) -> tuple[list[Job], int | None]:
+        """Newest first. `cursor` is the sequence number to continue below."""
+        index = f"{PREFIX}jobs" + (f":{state.value}" if state else "")
+        top = f"({cursor}" if cursor is not None else "+inf"
+        found = self.redis.zrevrangebyscore(index, top, "-inf", start=0, num=limit + 1, withscores=True)
+        page, more = found[:limit], len(found) > limit
+        with self.redis.pipeline(transaction=False) as pipe:
+            for job_id, _ in page:
+                pipe.hgetall(job_key(job_id))
+                pipe.xrange(events_key(job_id))
+            results = pipe.execute()
+        jobs = [self._job(raw, ev) for raw, ev in zip(results[::2], results[1::2], strict=True) if raw]
+        return jobs, (int(page[-1][1]) if more and page else None)
+
+    def transition(self, job_id: str, to: JobState, allowed_from: Iterable[JobState], message: str,
+                   **fields: Any) -> tuple[bool, JobState | None]:
+        """Move `job_id` to `to` if its state is in `allowed_from`. Returns (moved, previous state)."""
+        at = clock.iso()
+        if to.terminal:
+            fields.setdefault("finished_at", at)
+        args: list[Any] = [to.value, at, message, " ".join(s.value for s in allowed_from), f"{PREFIX}jobs:", job_id]
+        for name, value in fields.items():
+            args += [name, value if isinstance(value, str | int) else json.dumps(value)]
+        status, previous = self._transition(keys=[job_key(job_id), events_key(job_id)], args=args)
+        return status == "ok", (JobState(previous) if previous else None)
+
+    def set_fields(self, job_id: str, **fields: Any) -> None:
+        self.redis.hset(job_key(job_id), mapping={
+            k: v if isinstance(v, str | int) else json.dumps(v) for k, v in fields.items()
+        })
+
+    def request_cancel(self, job_id: str) -> None:
+        self.redis.hset(job_key(job_id), "cancel_requested", 1)
+
+    def cancel_requested(self, job_id: str) -> bool:
+        return self.redis.hget(job_key(job_id), "cancel_requested") == "1"
+
+    # -- metrics ---------------------------------------------------------------
+
+    def append_steps(self, job_id: str, records: Sequence[StepRecord], rollups: Sequence[tuple[int, Rollup]],
+                     summary: Summary | None) -> None:
+        """One round trip: the steps, finished rollups, progress and running summary."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for r in records:
+                pipe.xadd(metrics_key(job_id), {"r": r.model_dump_json()}, id=f"{r.step}-0")
+            for index, rollup in rollups:
+                pipe.xadd(rollup_key(job_id), {"a": json.dumps(rollup.to_json())}, id=f"{index}-0")
+            fields: dict[str, Any] = {"step": records[-1].step} if records else {}
+            if summary is not None:
+                fields["summary"] = summary.model_dump_json()
+            if fields:
+                pipe.hset(job_key(job_id), mapping=fields)
+            pipe.execute()
+
+    def read_metrics(self, job_id: str, after: int, limit: int) -> MetricsPage:
+        entries = self.redis.xrange(metrics_key(job_id), min=f"({after}-0", max="+", count=limit)
+        points = [StepRecord.model_validate_json(fields["r"]) for _, fields in entries]
+        more = len(points) == limit and bool(
+            self.redis.xrange(metrics_key(job_id), min=f"({points[-1].step}-0", max="+", count=1)
+        )
+        return MetricsPage(job_id=job_id, points=points, next_after=points[-1].step if more else None)
+
+    def read_buckets(self, job_id: str, max_points: int) -> MetricsBuckets:
+        last = self.redis.xrevrange(metrics_key(job_id), count=1)
+        total = int(last[0][0].split("-")[0]) if last else 0
+        if total <= RAW_BUCKET_LIMIT:
+            rollups = [_single(json.loads(f["r"])) for _, f in self.redis.xrange(metrics_key(job_id))]
+            per_point = max(1, math.ceil(len(rollups) / max_points))
+            return MetricsBuckets(job_id=job_id, total_steps=total,
+                                  buckets=bucketize(rollups, math.ceil(len(rollups) / per_point)))
+        stored = [Rollup.from_json(json.loads(f["a"])) for _, f in self.redis.xrange(rollup_key(job_id))]
+        covered = stored[-1].last_step if stored else 0
+        tail = Rollup()
+        for _, f in self.redis.xrange(metrics_key(job_id), min=f"({covered}-0", max="+"):
+            tail.add(json.loads(f["r"]))
+        parts = stored + ([tail] if tail.steps else [])
+        # Group whole rollups so that no more than max_points buckets come back.
+        groups = math.ceil(len(parts) / max_points)
+        buckets: list[Bucket] = bucketize(parts, math.ceil(len(parts) / groups))
+        return MetricsBuckets(job_id=job_id, total_steps=total, buckets=buckets)
+
+
+def _single(record: dict[str, Any]) -> Rollup:
+    rollup = Rollup()
+    rollup.add(record)
+    return rollup
+
+
+__all__ = ["ROLLUP_STEPS", "JobStore"]

@@ -1,0 +1,71 @@
+"""Must show 1 and 5 of the service: whole jobs over HTTP, against real processes."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import httpx
+
+from tests.service.conftest import Stack
+
+FIELDS = {"step", "loss", "loss_scale", "grad_norm", "grads_finite", "skipped", "zero_grad_fraction",
+          "learning_rate", "examples_per_sec", "step_time_ms", "time"}
+
+
+def test_mixed_float16_job_end_to_end(stack: Stack, client: httpx.Client) -> None:
+    steps = 70
+    spec = {"name": "e2e", "model": {"name": "mlp"}, "precision_policy": "mixed_float16", "loss_scale": "dynamic",
+            "training": {"steps": steps, "checkpoint_every": 20}, "dataset": {"samples": 512}}
+    created = client.post("/jobs", json=spec)
+    assert created.status_code == 201, created.text
+    job = created.json()
+    assert created.headers["location"] == f"/jobs/{job['id']}"
+    assert job["state"] == "queued" and job["spec"]["loss_scale"]["initial_scale"] == 32768.0
+
+    done = stack.wait_for_state(client, job["id"], {"succeeded", "failed", "canceled"})
+    assert done["state"] == "succeeded", done["error"]
+    assert [t["state"] for t in done["transitions"]] == ["queued", "running", "succeeded"]
+    assert done["progress"] == {"step": steps, "total_steps": steps}
+    assert done["attempt"] == 1 and done["worker"]["device"]["kind"] == "cpu"
+    assert done["summary"]["steps_done"] == steps and done["started_at"] and done["finished_at"]
+
+    points, after = [], 0
+    while True:
+        page = client.get(f"/jobs/{job['id']}/metrics", params={"after": after, "limit": 25}).json()
+        points += page["points"]
+        if page["next_after"] is None:
+            break
+        after = page["next_after"]
+    assert [p["step"] for p in points] == list(range(1, steps + 1))
+    assert all(set(p) == FIELDS for p in points)
+    assert points[0]["loss_scale"] == 32768.0
+
+    view = client.get(f"/jobs/{job['id']}/metrics", params={"max_points": 8}).json()
+    buckets = view["buckets"]
+    assert 1 <= len(buckets) <= 8 and view["total_steps"] == steps
+    assert buckets[0]["first_step"] == 1 and buckets[-1]["last_step"] == steps
+    assert sum(b["steps"] for b in buckets) == steps
+    assert all(b["loss"]["min"] <= b["loss"]["mean"] <= b["loss"]["max"] for b in buckets)
+
+    artifact = client.get(f"/jobs/{job['id']}/artifacts/model.keras")
+    assert artifact.status_code == 200
+    import keras
+
+    path = stack.artifacts / "downloaded.keras"
+    path.write_bytes(artifact.content)
+    assert zipfile.is_zipfile(io.BytesIO(artifact.content))
+    model = keras.models.load_model(path, compile=False)
+    assert model.output_shape == (None, 10)
+
+
+def test_zero_gradients_over_the_api(stack: Stack, client: httpx.Client) -> None:
+    spec = {"model": {"name": "conv3d_unet"}, "precision_policy": "mixed_float16", "loss_scale": "none",
+            "training": {"steps": 3, "batch_size": 2, "optimizer": "sgd", "learning_rate": 0.1},
+            "dataset": {"samples": 8}}
+    job = client.post("/jobs", json=spec).json()
+    done = stack.wait_for_state(client, job["id"], {"succeeded", "failed", "canceled"})
+    assert done["state"] == "succeeded", done["error"]
+    codes = {d["code"]: d for d in done["summary"]["diagnoses"]}
+    assert codes["gradient_underflow"]["first_step"] == 1
+    assert done["summary"]["peak_zero_grad_fraction"] >= 0.99

@@ -1,0 +1,77 @@
+"""`python -m worker`: detect the device, warm the engine, and take jobs.
+
+The worker class is `TrainingWorker`, an RQ `SimpleWorker`: jobs run in this
+process, never in a forked work horse. TensorFlow is not fork-safe once CUDA
+(or even its own thread pools) is initialised, and a fresh horse per job would
+re-import TensorFlow every time, seconds per job. Running in-process keeps the
+engine warm; a heartbeat thread keeps RQ's registries alive during long jobs
+(SimpleWorker sends none), and cancels are polled by the task itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import threading
+
+from redis import Redis
+from rq import Queue, SimpleWorker
+from rq.job import Job
+from rq.worker import WorkerStatus
+
+from app.config import get_settings
+from app.queue import listening_queues
+
+log = logging.getLogger("mpjobs.worker")
+
+HEARTBEAT_INTERVAL_S = 10
+"""Seconds between heartbeats while a job runs; far inside RQ's worker TTL."""
+
+
+class TrainingWorker(SimpleWorker):
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        execution = self.prepare_execution(job)
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(HEARTBEAT_INTERVAL_S):
+                try:
+                    self.maintain_heartbeats(job, execution)
+                except Exception:
+                    log.warning("heartbeat failed", exc_info=True)
+
+        beater = threading.Thread(target=beat, name="rq-heartbeat", daemon=True)
+        beater.start()
+        try:
+            self.perform_job(job, queue, execution)
+        finally:
+            done.set()
+            beater.join()
+        self.set_state(WorkerStatus.IDLE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker", description="Run an mpjobs training worker.")
+    parser.add_argument("--burst", action="store_true", help="exit when the queues are empty")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    settings = get_settings()
+
+    from worker import tasks  # noqa: F401  Warm: TensorFlow and the engine load once, here.
+    from worker.devices import detect_device
+
+    device = detect_device()
+    queues = listening_queues(device.kind)
+    log.info("device: %s; listening on %s", device.describe(), queues)
+    redis = Redis.from_url(settings.redis_url)
+    worker = TrainingWorker(queues, connection=redis, name=f"{socket.gethostname()}.{os.getpid()}")
+    worker.work(burst=args.burst, with_scheduler=False, logging_level="INFO")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,7 +6,7 @@ EXTRAS ?= cpu,dev
 INSTALLED := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma := ,
 
-.PHONY: install test lint train-example clean redis-server
+.PHONY: install run test lint bench train-example clean redis-server
 
 $(INSTALLED): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,10 @@ $(INSTALLED): pyproject.toml
 	touch $@
 
 install: $(INSTALLED)
+
+# The whole stack: a local redis-server unless REDIS_URL is set, the API, one worker.
+run: install
+	./scripts/run-stack.sh
 
 # Tests start their own redis-server on a free port; install Debian's if missing.
 redis-server:

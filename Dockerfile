@@ -1,0 +1,26 @@
+# Two images from one file:
+#   docker build --target api    -t mpjobs-api .     # FastAPI, no TensorFlow
+#   docker build --target worker -t mpjobs-worker .  # GPU TensorFlow (CUDA wheels from PyPI)
+FROM python:3.11-slim AS base
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /srv
+COPY pyproject.toml README.md ./
+COPY app ./app
+COPY worker ./worker
+
+FROM base AS api
+RUN pip install .
+RUN useradd --create-home mpjobs && mkdir -p /data/artifacts /data/datasets && chown -R mpjobs /data
+USER mpjobs
+ENV ARTIFACTS_DIR=/data/artifacts DATA_ROOT=/data/datasets
+EXPOSE 8000
+HEALTHCHECK CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz')"
+CMD ["uvicorn", "app.main:app", "--host", "0.0.0.0", "--port", "8000"]
+
+FROM base AS worker
+ARG EXTRAS=gpu
+RUN pip install ".[${EXTRAS}]"
+RUN useradd --create-home mpjobs && mkdir -p /data/artifacts /data/datasets && chown -R mpjobs /data
+USER mpjobs
+ENV ARTIFACTS_DIR=/data/artifacts DATA_ROOT=/data/datasets TF_CPP_MIN_LOG_LEVEL=2
+CMD ["python", "-m", "worker"]

@@ -1,0 +1,66 @@
+"""Docker has no engine here, so the deploy files are checked by parsing them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return data
+
+
+def test_redis_keeps_every_job() -> None:
+    redis = compose()["services"]["redis"]
+    command = " ".join(redis["command"])
+    assert "--appendonly yes" in command and "--appendfsync everysec" in command
+    assert "--maxmemory-policy noeviction" in command
+    assert redis["healthcheck"]["test"][-2:] == ["redis-cli", "ping"]
+    assert any(v.endswith(":/data") for v in redis["volumes"])
+
+
+def test_api_waits_for_healthy_redis() -> None:
+    api = compose()["services"]["api"]
+    assert api["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert api["build"]["target"] == "api"
+    assert api["environment"]["REDIS_URL"] == "redis://redis:6379/0"
+
+
+def test_gpu_worker_reserves_a_gpu_and_shares_artifacts() -> None:
+    services = compose()["services"]
+    worker = services["worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+    assert "container_name" not in worker, "a fixed name would break --scale worker=N"
+    assert "ports" not in worker, "published ports would break --scale worker=N"
+    shared = {v.split(":")[0] for v in worker["volumes"]} & {v.split(":")[0] for v in services["api"]["volumes"]}
+    assert "artifacts" in shared
+    assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def test_cpu_worker_is_an_optional_profile() -> None:
+    cpu = compose()["services"]["cpu-worker"]
+    assert cpu["profiles"] == ["cpu"]
+    assert cpu["build"]["args"]["EXTRAS"] == "cpu"
+
+
+def test_dockerfile_api_image_has_no_tensorflow() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    stages = dict(re.findall(r"^FROM \S+ AS (\w+)\n(.*?)(?=^FROM |\Z)", text, flags=re.M | re.S))
+    assert set(stages) == {"base", "api", "worker"}
+    assert "pip install ." in stages["api"] and "[" not in stages["api"].split("pip install")[1].splitlines()[0]
+    assert 'pip install ".[${EXTRAS}]"' in stages["worker"] and "ARG EXTRAS=gpu" in stages["worker"]
+
+
+def test_env_example_lists_every_setting() -> None:
+    from app.config import Settings
+
+    listed = {line.split("=")[0] for line in (ROOT / ".env.example").read_text().splitlines()
+              if line and not line.startswith("#")}
+    assert listed == {name.upper() for name in Settings.model_fields}

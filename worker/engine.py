@@ -137,6 +137,8 @@ def _run(
     device: DeviceInfo,
 ) -> RunResult:
     t, policy = spec.training, spec.precision_policy
+    # A worker runs many jobs in one process: drop the last job's graphs and layer names.
+    keras.backend.clear_session()
     keras.utils.set_random_seed(t.seed)
     on_cpu_tf = device.kind == "cpu" and device.backend == "tensorflow"
     built: BuiltModel = build_model(spec, on_cpu_tf=on_cpu_tf)

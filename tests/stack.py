@@ -1,0 +1,139 @@
+"""Real processes for tests and benchmarks: a private redis-server on a free port,
+`uvicorn app.main:app` and `python -m worker`, as a user would run them."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except (httpx.HTTPError, redis.RedisError, OSError):
+            pass
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class RedisServer:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
+             "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+             "--maxmemory-policy", "noeviction"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url)
+        wait_until(client.ping, 10, "redis-server")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(10)
+            self.process = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url, decode_responses=True)
+
+
+class Stack:
+    """The API and one worker, as a user would run them."""
+
+    def __init__(self, redis_server: RedisServer, workdir: Path) -> None:
+        self.redis = redis_server
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.artifacts = workdir / "artifacts"
+        self.data = workdir / "data"
+        self.logs = workdir / "logs"
+        for d in (self.artifacts, self.data, self.logs):
+            d.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, "REDIS_URL": redis_server.url, "ARTIFACTS_DIR": str(self.artifacts),
+                    "DATA_ROOT": str(self.data), "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+        self.api: subprocess.Popen[bytes] | None = None
+        self.workers: list[subprocess.Popen[bytes]] = []
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+        log = open(self.logs / log_name, "ab")  # noqa: SIM115  closed with the process
+        return subprocess.Popen(args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    def start_api(self) -> None:
+        self.api = self._spawn([sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1",
+                                "--port", str(self.port)], "api.log")
+        wait_until(lambda: httpx.get(f"{self.base_url}/healthz").status_code == 200, 30, "the API")
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        worker = self._spawn([sys.executable, "-m", "worker"], f"worker{len(self.workers)}.log")
+        self.workers.append(worker)
+        count = len(self.workers)
+        wait_until(lambda: httpx.get(f"{self.base_url}/readyz").json()["workers"]["any"] >= count, 60,
+                   "the worker to register")
+        return worker
+
+    def stop(self) -> None:
+        for process in [*self.workers, self.api]:
+            if process is not None and process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=30)
+
+    def wait_for_state(
+        self, client: httpx.Client, job_id: str, states: set[str], timeout: float = 120
+    ) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            job = client.get(f"/jobs/{job_id}").json()
+            return job if job["state"] in states else None
+
+        return wait_until(check, timeout, f"job {job_id} to reach {states}", interval=0.1)  # type: ignore[no-any-return]
+
+
+
+
+def iter_sse(client: httpx.Client, path: str, headers: dict[str, str] | None = None
+             ) -> Iterator[tuple[str, str | None, str, float]]:
+    """(event, id, data, arrival time.time()) for each Server-Sent Event at `path`."""
+    fields: dict[str, str] = {}
+    with client.stream("GET", path, headers=headers or {}, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line:
+                key, _, value = line.partition(": ")
+                fields[key] = value
+                continue
+            yield fields["event"], fields.get("id"), fields["data"], time.time()
+            fields = {}

@@ -114,30 +114,32 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         if self.mode == "none":
             scale, unscaled = ops.convert_to_tensor(1.0, "float32"), list(grads)
         else:
-            scale = ops.cast(self.loss_scale, "float32")
+            scale = ops.cast(self.loss_scale.value, "float32")
             unscaled = [
                 None if g is None else ops.cast(ops.cast(g, "float32") / scale, g.dtype) for g in grads
             ]
         # Measured after unscaling, in float32: a scaled norm could overflow float32
         # where the true one does not. Division by a scale >= 1 cannot turn a
         # float32 gradient into exactly zero, so the zero count is backprop's own.
+        # Finiteness is read off the squared norm: inf or NaN anywhere makes it
+        # non-finite, which saves two passes over every gradient. (A norm beyond
+        # float32's range, 1.8e19, also counts as an overflow.)
         present = [ops.cast(g, "float32") for g in unscaled if g is not None]
         if sum(math.prod(g.shape) for g in present) <= FLAT_STATS_MAX_ELEMENTS:
             flat = ops.concatenate([ops.reshape(g, (-1,)) for g in present])
-            finite = ops.all(ops.isfinite(flat))
             zero_fraction = ops.mean(ops.cast(ops.equal(flat, 0.0), "float32"))
             sq = ops.sum(ops.square(flat))
         else:
-            finite = ops.all(ops.stack([ops.all(ops.isfinite(g)) for g in present]))
             total = float(sum(math.prod(g.shape) for g in present))
             zero_fraction = ops.sum(ops.stack([ops.sum(ops.cast(ops.equal(g, 0.0), "float32")) for g in present]))
             zero_fraction = zero_fraction / total
             sq = ops.sum(ops.stack([ops.sum(ops.square(g)) for g in present]))
+        finite = ops.isfinite(sq)
         if self.mode == "none":  # Plain Keras applies every step.
             apply, skipped = ops.convert_to_tensor(True), ops.convert_to_tensor(0.0)
         else:
             apply, skipped = finite, ops.logical_not(finite)
-        parts = [self.batch_loss, scale, ops.sqrt(sq), finite, skipped, zero_fraction]
+        parts = [self.batch_loss.value, scale, ops.sqrt(sq), finite, skipped, zero_fraction]
         telemetry = ops.stack([ops.cast(p, "float32") for p in parts])
         return apply, unscaled, telemetry
 
@@ -145,14 +147,10 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         """Keras's dynamic rule, branch-free so it runs in any backend."""
         if self.mode != "dynamic":
             return
-        grow = ops.logical_and(finite, ops.equal(self.good_steps, self.growth_steps - 1))
-        scale = self.loss_scale
-        self.loss_scale.assign(
-            ops.where(finite, ops.where(grow, scale * 2.0, scale), scale / 2.0)
-        )
-        self.good_steps.assign(
-            ops.where(finite, ops.where(grow, 0, self.good_steps + 1), 0)
-        )
+        scale, good = self.loss_scale.value, self.good_steps.value
+        grow = ops.logical_and(finite, ops.equal(good, self.growth_steps - 1))
+        self.loss_scale.assign(ops.where(finite, ops.where(grow, scale * 2.0, scale), scale / 2.0))
+        self.good_steps.assign(ops.where(finite, ops.where(grow, 0, good + 1), 0))
 
     def apply(self, grads: list[Any], trainable_variables: list[Any] | None = None) -> None:
         if not self.built:  # type: ignore[has-type]

@@ -67,7 +67,7 @@ class BatchLoss(keras.metrics.Metric):
         self.value.assign(keras.ops.mean(value))
 
     def result(self) -> Any:
-        return self.value
+        return keras.ops.convert_to_tensor(self.value)  # a tensor, not the Variable (JAX traces this)
 
     def reset_state(self) -> None:
         self.value.assign(0.0)

@@ -6,6 +6,8 @@ import io
 import zipfile
 
 import httpx
+import redis
+from rq.job import Job as RQJob
 
 from tests.service.conftest import Stack
 
@@ -23,6 +25,8 @@ def test_mixed_float16_job_end_to_end(stack: Stack, client: httpx.Client) -> Non
     assert created.headers["location"] == f"/jobs/{job['id']}"
     assert job["state"] == "queued" and job["spec"]["loss_scale"]["initial_scale"] == 32768.0
 
+    rq_job = RQJob.fetch(job["id"], connection=redis.Redis.from_url(stack.redis.url))
+    assert rq_job.timeout == -1, "never RQ's 180 s default"
     done = stack.wait_for_state(client, job["id"], {"succeeded", "failed", "canceled"})
     assert done["state"] == "succeeded", done["error"]
     assert [t["state"] for t in done["transitions"]] == ["queued", "running", "succeeded"]
@@ -69,3 +73,22 @@ def test_zero_gradients_over_the_api(stack: Stack, client: httpx.Client) -> None
     codes = {d["code"]: d for d in done["summary"]["diagnoses"]}
     assert codes["gradient_underflow"]["first_step"] == 1
     assert done["summary"]["peak_zero_grad_fraction"] >= 0.99
+
+
+def test_openapi_has_an_example_for_every_policy_and_mode(client: httpx.Client) -> None:
+    schema = client.get("/openapi.json").json()
+    body = schema["paths"]["/jobs"]["post"]["requestBody"]["content"]["application/json"]
+    examples = [e["value"] for e in body["examples"].values()]
+    policies = {e.get("precision_policy") for e in examples}
+    assert policies == {"float32", "mixed_float16", "mixed_bfloat16", "float16", "bfloat16"}
+    modes = {(e["loss_scale"] if isinstance(e["loss_scale"], str) else e["loss_scale"]["mode"])
+             for e in examples if "loss_scale" in e}
+    assert modes == {"none", "fixed", "dynamic"}
+    assert client.get("/docs").status_code == 200
+
+
+def test_metrics_limit_is_capped(stack: Stack, client: httpx.Client) -> None:
+    job = client.post("/jobs", json={"model": {"name": "mlp"}, "training": {"steps": 3}}).json()
+    stack.wait_for_state(client, job["id"], {"succeeded"})
+    page = client.get(f"/jobs/{job['id']}/metrics", params={"limit": 10**9})
+    assert page.status_code == 200 and len(page.json()["points"]) == 3

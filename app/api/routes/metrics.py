@@ -18,7 +18,7 @@ def read_metrics(
     job_id: str,
     store: StoreDep,
     after: Annotated[int, Query(ge=0, description="return steps after this one")] = 0,
-    limit: Annotated[int, Query(ge=1, le=services.MAX_PAGE)] = 1000,
+    limit: Annotated[int, Query(ge=1, description=f"capped at {services.MAX_PAGE}")] = 1000,
     max_points: Annotated[int | None, Query(ge=1, le=10_000, description="bucket the whole run")] = None,
 ) -> MetricsPage | MetricsBuckets:
     """Step records in step order, each once; or, with `max_points`, min/mean/max buckets over the whole run."""

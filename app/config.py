@@ -19,6 +19,8 @@ class Settings(BaseSettings):
     """Longest a finished step waits in the worker before it is reported."""
     report_max_records: int = 256
     """Most step records held before a report is forced."""
+    api_keys: str = ""
+    """`key:tenant,...`. Empty: open mode, for a local API bound to 127.0.0.1 only."""
 
 
 def get_settings() -> Settings:

@@ -6,10 +6,13 @@ Error tree::
     ├── JobNotFound          HTTP 404
     │   └── ArtifactNotFound HTTP 404
     ├── ServiceUnavailable   HTTP 503 (Redis unreachable)
+    ├── Unauthorized         HTTP 401
+    ├── IdempotencyConflict  HTTP 409
     └── JobFailed            a job ended with a named FailureReason
         ├── InvalidModel         reason=invalid_model
         ├── InvalidDataset       reason=invalid_dataset
         ├── Diverged             reason=diverged
+        ├── TimedOut             reason=timeout
         └── UnsupportedPrecision reason=unsupported_precision_on_device
 
 Lower-layer errors (TensorFlow, Keras, OS) are mapped to these in one place per
@@ -54,6 +57,15 @@ class ServiceUnavailable(MpjobsError):
         super().__init__(f"Redis is unreachable, so jobs cannot be read or queued right now: {detail}")
 
 
+class Unauthorized(MpjobsError):
+    pass
+
+
+class IdempotencyConflict(MpjobsError):
+    def __init__(self) -> None:
+        super().__init__("This Idempotency-Key was already used with a different job spec.")
+
+
 class JobFailed(MpjobsError):
     """A job cannot continue. `reason` is machine-readable, `message` is advice."""
 
@@ -79,6 +91,10 @@ class InvalidDataset(JobFailed):
 
 class Diverged(JobFailed):
     reason = FailureReason.DIVERGED
+
+
+class TimedOut(JobFailed):
+    reason = FailureReason.TIMEOUT
 
 
 class UnsupportedPrecision(JobFailed):

@@ -9,17 +9,23 @@ from contextlib import asynccontextmanager
 import redis
 import redis.asyncio
 from fastapi import FastAPI, Request, status
-from fastapi.responses import JSONResponse
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api.limits import BodySizeLimit
 from app.api.routes import health, jobs, metrics
+from app.auth import parse_api_keys
 from app.config import Settings, get_settings
-from app.errors import JobNotFound, MpjobsError, ServiceUnavailable
+from app.errors import IdempotencyConflict, JobNotFound, MpjobsError, ServiceUnavailable, Unauthorized
 from app.store import JobStore
 
 log = logging.getLogger("mpjobs.api")
 
 _STATUS: dict[type[MpjobsError], int] = {
     JobNotFound: status.HTTP_404_NOT_FOUND,
+    Unauthorized: status.HTTP_401_UNAUTHORIZED,
+    IdempotencyConflict: status.HTTP_409_CONFLICT,
     ServiceUnavailable: status.HTTP_503_SERVICE_UNAVAILABLE,
 }
 
@@ -37,6 +43,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.settings = settings
+        if not app.state.api_keys:
+            log.warning("API_KEYS is not set: the API is open to anyone who can reach it. "
+                        "Bind it to 127.0.0.1 (the default of `make run`) or set API_KEYS.")
         app.state.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True,
                                                socket_timeout=5, socket_connect_timeout=2)
         app.state.rq_redis = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
@@ -50,13 +59,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="mpjobs", version="0.1.0", lifespan=lifespan,
                   description="Mixed-precision training jobs, with every step's numerics visible.")
+    app.state.api_keys = parse_api_keys(settings.api_keys)
+    app.add_middleware(BodySizeLimit)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(metrics.router)
 
     @app.exception_handler(MpjobsError)
     async def domain_error(request: Request, exc: MpjobsError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=_status_of(exc))
+        code = _status_of(exc)
+        headers = {"WWW-Authenticate": "Bearer"} if code == status.HTTP_401_UNAUTHORIZED else None
+        return JSONResponse({"detail": str(exc)}, status_code=code, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI answers 400 when the JSON parser itself fails (nesting too deep for it);
+        # to a client that is malformed JSON like any other: 422.
+        if exc.status_code == status.HTTP_400_BAD_REQUEST and exc.detail == "There was an error parsing the body":
+            detail = [{"type": "json_invalid", "loc": ["body"], "msg": "The body is not JSON that can be parsed."}]
+            return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+        return await http_exception_handler(request, exc)
 
     async def redis_down(request: Request, exc: Exception) -> JSONResponse:
         log.warning("redis unavailable: %s", exc)

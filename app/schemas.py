@@ -248,6 +248,8 @@ class TrainingSpec(_Strict):
     learning_rate: float = Field(0.001, gt=0.0, le=10.0)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     checkpoint_every: int = Field(50, ge=1, le=10_000_000)
+    max_seconds: int | None = Field(None, ge=1, le=30 * 24 * 3600)
+    """Fail with reason `timeout` once an attempt has trained this long. None: no limit."""
 
 
 class SyntheticDataset(_Strict):

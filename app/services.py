@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from redis import Redis
@@ -9,7 +10,7 @@ from rq import Queue, Worker
 
 from app import queue as queues
 from app.config import Settings
-from app.errors import ArtifactNotFound, JobNotFound
+from app.errors import ArtifactNotFound, IdempotencyConflict, JobNotFound, ServiceUnavailable
 from app.resources import Health, Job, JobPage, JobState, MetricsBuckets, MetricsPage
 from app.schemas import JobSpec
 from app.store import JobStore
@@ -19,50 +20,74 @@ MAX_PAGE = 10_000
 """Most step records one metrics page returns."""
 
 
-def submit(store: JobStore, rq_redis: Redis, spec: JobSpec) -> Job:
-    job_id = store.create(spec, queues.queue_for(spec), lambda jid, pipe: queues.enqueue(rq_redis, spec, jid, pipe),
-                          rq_redis.pipeline(transaction=True))
-    return get(store, job_id)
+IDEMPOTENT_WAIT_S = 5.0
+"""How long a duplicate request waits for the first one to finish writing the job."""
 
 
-def get(store: JobStore, job_id: str) -> Job:
-    job = store.get(job_id)
+def submit(store: JobStore, rq_redis: Redis, spec: JobSpec, tenant: str,
+           idempotency_key: str | None = None) -> tuple[Job, bool]:
+    """Queue `spec`. Returns (job, created); a repeated Idempotency-Key returns the first job."""
+    job_id = None
+    if idempotency_key is not None:
+        fingerprint = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
+        claimed, held_fingerprint, job_id = store.claim_idempotency_key(tenant, idempotency_key, fingerprint)
+        if not claimed:
+            if held_fingerprint != fingerprint:
+                raise IdempotencyConflict()
+            job = store.wait_for(job_id, tenant, IDEMPOTENT_WAIT_S)
+            if job is None:
+                raise ServiceUnavailable("the first request with this Idempotency-Key has not finished; retry")
+            return job, False
+    try:
+        job_id = store.create(spec, tenant, queues.queue_for(spec),
+                              lambda jid, pipe: queues.enqueue(rq_redis, spec, jid, pipe),
+                              rq_redis.pipeline(transaction=True), job_id=job_id)
+    except BaseException:
+        if idempotency_key is not None:
+            store.release_idempotency_key(tenant, idempotency_key)
+        raise
+    return get(store, job_id, tenant), True
+
+
+def get(store: JobStore, job_id: str, tenant: str) -> Job:
+    """The job, or JobNotFound: another tenant's job is indistinguishable from none."""
+    job = store.get(job_id, tenant)
     if job is None:
         raise JobNotFound(job_id)
     return job
 
 
-def list_jobs(store: JobStore, state: JobState | None, limit: int, cursor: int | None) -> JobPage:
-    jobs, next_cursor = store.list(state, limit, cursor)
+def list_jobs(store: JobStore, tenant: str, state: JobState | None, limit: int, cursor: int | None) -> JobPage:
+    jobs, next_cursor = store.list(tenant, state, limit, cursor)
     return JobPage(jobs=jobs, next_cursor=None if next_cursor is None else str(next_cursor))
 
 
-def cancel(store: JobStore, rq_redis: Redis, job_id: str) -> Job:
+def cancel(store: JobStore, rq_redis: Redis, job_id: str, tenant: str) -> Job:
     """Queued: canceled at once. Running: stops at its next step. Terminal: unchanged."""
-    job = get(store, job_id)
+    job = get(store, job_id, tenant)
     if job.state is JobState.QUEUED:
         moved, _ = store.transition(job_id, JobState.CANCELED, [JobState.QUEUED], "canceled before it started",
                                     error={"reason": "canceled", "message": "Canceled before it started."})
         if moved:
             Queue(job.queue, connection=rq_redis).remove(job_id)
-            return get(store, job_id)
-    if get(store, job_id).state is JobState.RUNNING:
+            return get(store, job_id, tenant)
+    if get(store, job_id, tenant).state is JobState.RUNNING:
         store.request_cancel(job_id)
-    return get(store, job_id)
+    return get(store, job_id, tenant)
 
 
-def metrics(store: JobStore, job_id: str, after: int, limit: int) -> MetricsPage:
-    get(store, job_id)
+def metrics(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> MetricsPage:
+    get(store, job_id, tenant)
     return store.read_metrics(job_id, after, min(limit, MAX_PAGE))
 
 
-def buckets(store: JobStore, job_id: str, max_points: int) -> MetricsBuckets:
-    get(store, job_id)
+def buckets(store: JobStore, job_id: str, tenant: str, max_points: int) -> MetricsBuckets:
+    get(store, job_id, tenant)
     return store.read_buckets(job_id, max_points)
 
 
-def artifact(store: JobStore, settings: Settings, job_id: str) -> Path:
-    get(store, job_id)
+def artifact(store: JobStore, settings: Settings, job_id: str, tenant: str) -> Path:
+    get(store, job_id, tenant)
     path = settings.artifacts_dir / job_id / MODEL_ARTIFACT
     if not path.is_file():
         raise ArtifactNotFound(job_id, MODEL_ARTIFACT)

@@ -5,8 +5,9 @@ Keys (prefix `mpjobs:`):
     job:{id}:events     stream one entry per state transition (also feeds SSE)
     job:{id}:metrics    stream one entry per step, entry id `{step}-0`
     job:{id}:rollup     stream one entry per ROLLUP_STEPS steps, entry id `{index}-0`
-    jobs                zset   every job id, scored by creation sequence
-    jobs:{state}        zset   job ids in that state, same scores
+    jobs:{tenant}       zset   the tenant's job ids, scored by creation sequence
+    jobs:{tenant}:{state} zset the tenant's job ids in that state, same scores
+    idem:{tenant}:{sha} string Idempotency-Key -> {fingerprint, job_id}, kept IDEMPOTENCY_TTL_S
     seq                 string creation sequence counter
 
 Shared by the API and the worker; it imports neither FastAPI nor TensorFlow.
@@ -14,8 +15,10 @@ Shared by the API and the worker; it imports neither FastAPI nor TensorFlow.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -39,6 +42,8 @@ from app.rollup import ROLLUP_STEPS, Rollup, bucketize
 from app.schemas import JobSpec, StepRecord, Summary
 
 PREFIX = "mpjobs:"
+IDEMPOTENCY_TTL_S = 24 * 3600
+"""How long an Idempotency-Key is remembered."""
 RAW_BUCKET_LIMIT = 4096
 """Up to this many steps, buckets are cut from the raw series; beyond, from rollups."""
 
@@ -50,11 +55,12 @@ local allowed = false
 for s in string.gmatch(ARGV[4], '%S+') do if s == cur then allowed = true end end
 if not allowed then return {'refused', cur} end
 local seq = redis.call('HGET', KEYS[1], 'seq')
+local index = ARGV[5] .. redis.call('HGET', KEYS[1], 'tenant') .. ':'
 redis.call('HSET', KEYS[1], 'state', ARGV[1])
 for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('XADD', KEYS[2], '*', 'state', ARGV[1], 'at', ARGV[2], 'message', ARGV[3])
-redis.call('ZREM', ARGV[5] .. cur, ARGV[6])
-redis.call('ZADD', ARGV[5] .. ARGV[1], seq, ARGV[6])
+redis.call('ZREM', index .. cur, ARGV[6])
+redis.call('ZADD', index .. ARGV[1], seq, ARGV[6])
 return {'ok', cur}
 """
 
@@ -75,8 +81,12 @@ def rollup_key(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:rollup"
 
 
-def _loads(value: str | None) -> Any:
-    return None if value is None else json.loads(value)
+def index_key(tenant: str, state: JobState | None = None) -> str:
+    return f"{PREFIX}jobs:{tenant}" + (f":{state.value}" if state else "")
+
+
+def idempotency_key(tenant: str, key: str) -> str:
+    return f"{PREFIX}idem:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
 class JobStore:
@@ -88,37 +98,62 @@ class JobStore:
 
     # -- records -------------------------------------------------------------
 
-    def create(self, spec: JobSpec, queue: str, enqueue: Callable[[str, Pipeline], None], pipe: Pipeline) -> str:
+    def create(self, spec: JobSpec, tenant: str, queue: str, enqueue: Callable[[str, Pipeline], None],
+               pipe: Pipeline, job_id: str | None = None) -> str:
         """Enqueue and write the record in one MULTI/EXEC on `pipe`: both or neither.
 
         RQ opens the MULTI itself, so `enqueue` goes first.
         """
-        job_id = uuid.uuid4().hex
+        job_id = job_id or uuid.uuid4().hex
         seq = int(self.redis.incr(f"{PREFIX}seq"))
         at = clock.iso()
         with pipe:
             enqueue(job_id, pipe)
             pipe.hset(job_key(job_id), mapping={
-                "id": job_id, "seq": seq, "state": JobState.QUEUED.value, "queue": queue,
+                "id": job_id, "seq": seq, "tenant": tenant, "state": JobState.QUEUED.value, "queue": queue,
                 "name": json.dumps(spec.name), "spec": spec.model_dump_json(), "created_at": at,
                 "attempt": 0, "step": 0, "total_steps": spec.training.steps,
             })
             pipe.xadd(events_key(job_id), {"state": JobState.QUEUED.value, "at": at,
                                            "message": f"queued on '{queue}'"})
-            pipe.zadd(f"{PREFIX}jobs", {job_id: seq})
-            pipe.zadd(f"{PREFIX}jobs:{JobState.QUEUED.value}", {job_id: seq})
+            pipe.zadd(index_key(tenant), {job_id: seq})
+            pipe.zadd(index_key(tenant, JobState.QUEUED), {job_id: seq})
             pipe.execute()
         return job_id
+
+    def claim_idempotency_key(self, tenant: str, key: str, fingerprint: str) -> tuple[bool, str, str]:
+        """SET NX a new job id under the key. Returns (claimed, fingerprint, job_id) of the holder."""
+        job_id = uuid.uuid4().hex
+        record = json.dumps({"fingerprint": fingerprint, "job_id": job_id})
+        if self.redis.set(idempotency_key(tenant, key), record, nx=True, ex=IDEMPOTENCY_TTL_S):
+            return True, fingerprint, job_id
+        held = json.loads(self.redis.get(idempotency_key(tenant, key)) or record)
+        return False, held["fingerprint"], held["job_id"]
+
+    def release_idempotency_key(self, tenant: str, key: str) -> None:
+        self.redis.delete(idempotency_key(tenant, key))
+
+    def wait_for(self, job_id: str, tenant: str, timeout_s: float) -> Job | None:
+        """The job, once its creator has written it (a concurrent duplicate may be mid-create)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.get(job_id, tenant)
+            if job is not None or time.monotonic() > deadline:
+                return job
+            time.sleep(0.02)
 
     def exists(self, job_id: str) -> bool:
         return bool(self.redis.exists(job_key(job_id)))
 
-    def get(self, job_id: str) -> Job | None:
+    def get(self, job_id: str, tenant: str | None = None) -> Job | None:
+        """The job, or None if it does not exist or belongs to another tenant."""
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(job_key(job_id))
             pipe.xrange(events_key(job_id))
             raw, events = pipe.execute()
-        return self._job(raw, events) if raw else None
+        if not raw or (tenant is not None and raw.get("tenant") != tenant):
+            return None
+        return self._job(raw, events)
 
     def _job(self, raw: dict[str, str], events: list[tuple[str, dict[str, str]]]) -> Job:
         return Job(
@@ -133,9 +168,10 @@ class JobStore:
             worker=WorkerInfo.model_validate_json(raw["worker"]) if raw.get("worker") else None,
         )
 
-    def list(self, state: JobState | None, limit: int, cursor: int | None) -> tuple[list[Job], int | None]:
-        """Newest first. `cursor` is the sequence number to continue below."""
-        index = f"{PREFIX}jobs" + (f":{state.value}" if state else "")
+    def list(self, tenant: str, state: JobState | None, limit: int, cursor: int | None
+             ) -> tuple[list[Job], int | None]:
+        """The tenant's jobs, newest first. `cursor` is the sequence number to continue below."""
+        index = index_key(tenant, state)
         top = f"({cursor}" if cursor is not None else "+inf"
         found = self.redis.zrevrangebyscore(index, top, "-inf", start=0, num=limit + 1, withscores=True)
         page, more = found[:limit], len(found) > limit

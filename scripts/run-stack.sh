@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 HOST=${HOST:-127.0.0.1}
+if [ -z "${API_KEYS:-}" ] && [ "$HOST" != "127.0.0.1" ]; then
+  echo "mpjobs: API_KEYS is not set, so the API stays on 127.0.0.1 (not $HOST)" >&2
+  HOST=127.0.0.1
+fi
 PORT=${PORT:-8000}
 mkdir -p var/artifacts var/data var/redis var/log
 

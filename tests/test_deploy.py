@@ -30,6 +30,7 @@ def test_api_waits_for_healthy_redis() -> None:
     assert api["depends_on"]["redis"]["condition"] == "service_healthy"
     assert api["build"]["target"] == "api"
     assert api["environment"]["REDIS_URL"] == "redis://redis:6379/0"
+    assert api["environment"]["API_KEYS"].startswith("${API_KEYS:?"), "a published API must require keys"
 
 
 def test_gpu_worker_reserves_a_gpu_and_shares_artifacts() -> None:

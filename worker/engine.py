@@ -22,7 +22,7 @@ import keras
 import numpy as np
 
 from app.config import Settings, get_settings
-from app.errors import InvalidModel, JobFailed, MpjobsError, UnsupportedPrecision
+from app.errors import Diverged, InvalidModel, JobFailed, MpjobsError, TimedOut, UnsupportedPrecision
 from app.schemas import DynamicLossScale, FixedLossScale, JobSpec, LossScaleMode, Summary
 from worker import checkpoint
 from worker.data import load_dataset
@@ -194,11 +194,12 @@ def _run(
         learning_rate=t.learning_rate, checkpoint_every=t.checkpoint_every,
         save_checkpoint=save_checkpoint, should_stop=should_stop,
         report_interval_s=settings.report_interval_s, report_max_records=settings.report_max_records,
+        max_seconds=t.max_seconds,
     )
     try:
         for x, y in dataset.segments(start, t.steps):
             model.fit(x, y, batch_size=t.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
-            if callback.stopped or callback.failure is not None:
+            if callback.stopped or callback.timed_out or callback.failure is not None:
                 break
         callback.flush()
         if callback.failure is None and builder.steps_done != start and builder.steps_done % t.checkpoint_every:
@@ -207,7 +208,13 @@ def _run(
         writer.close()
     if callback.failure is not None:
         reporter.summary(builder.summary())
-        raise callback.failure
+        raise Diverged(callback.failure.message + _keep_last_good(model, out))
+    if callback.timed_out:
+        reporter.summary(builder.summary())
+        raise TimedOut(
+            f"training.max_seconds={t.max_seconds} ran out at step {builder.steps_done} of {t.steps}. "
+            "The checkpoint of that step is kept: resubmit with a larger limit to continue from it."
+        )
     model_path = None
     if not callback.stopped:
         model_path = _save_model(model, out)
@@ -216,6 +223,16 @@ def _run(
         "stopped" if callback.stopped else "succeeded", builder.summary(), out / checkpoint.CHECKPOINT_NAME,
         model_path, device, start,
     )
+
+
+def _keep_last_good(model: keras.Model, out: Path) -> str:
+    """After divergence: write model.keras from the last checkpoint, never from NaN weights."""
+    saved = checkpoint.load(out)
+    if saved is None:
+        return " No checkpoint was reached before it diverged."
+    _assign(model.variables, saved.model_values)
+    _save_model(model, out)
+    return f" The last good checkpoint (step {saved.step}) is kept, and model.keras holds its weights."
 
 
 def _assign(variables: list[keras.Variable], values: list[np.ndarray]) -> None:

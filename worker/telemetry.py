@@ -119,6 +119,7 @@ class TelemetryCallback(keras.callbacks.Callback):
         should_stop: Callable[[], bool],
         report_interval_s: float,
         report_max_records: int,
+        max_seconds: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__()
@@ -132,6 +133,8 @@ class TelemetryCallback(keras.callbacks.Callback):
         self.buffer: list[StepRecord] = []
         self.buffer_since = 0.0
         self.stopped = False
+        self.timed_out = False
+        self.deadline = None if max_seconds is None else time.monotonic() + max_seconds
         self.failure: Diverged | None = None
         self.nonfinite_losses = 0
         self._t0 = 0.0
@@ -187,6 +190,9 @@ class TelemetryCallback(keras.callbacks.Callback):
             self.save_checkpoint(self.step)
         if self.should_stop():
             self.stopped = True
+            self.model.stop_training = True
+        elif self.deadline is not None and time.monotonic() > self.deadline:
+            self.timed_out = True
             self.model.stop_training = True
 
     def _check_divergence(self, r: StepRecord) -> None:

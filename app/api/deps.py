@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 from redis import Redis
 
+from app.auth import tenant_for
 from app.config import Settings
 from app.store import JobStore
 
@@ -25,6 +26,12 @@ def get_store(request: Request) -> JobStore:
     return store
 
 
+def get_tenant(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
+    """The caller's tenant from its Bearer key; the open tenant when no keys are set."""
+    return tenant_for(request.app.state.api_keys, authorization)
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 RQRedisDep = Annotated[Redis, Depends(get_rq_redis)]
 StoreDep = Annotated[JobStore, Depends(get_store)]
+TenantDep = Annotated[str, Depends(get_tenant)]

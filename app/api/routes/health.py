@@ -3,7 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 
 from app import services
-from app.api.deps import RQRedisDep
+from app.api.deps import RQRedisDep, TenantDep
 from app.resources import Health
 
 router = APIRouter(tags=["health"])
@@ -16,7 +16,7 @@ def healthz() -> Health:
 
 
 @router.get("/readyz", response_model=Health)
-def readyz(redis: RQRedisDep, response: Response) -> Health:
+def readyz(redis: RQRedisDep, response: Response, tenant: TenantDep) -> Health:
     """Readiness: Redis answers, and live workers per queue."""
     health = services.readiness(redis)
     if health.status != "ok":

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Query, Response, status
+from fastapi import APIRouter, Body, Header, Query, Response, status
 from fastapi.responses import FileResponse
 
 from app import services
-from app.api.deps import RQRedisDep, SettingsDep, StoreDep
+from app.api.deps import RQRedisDep, SettingsDep, StoreDep, TenantDep
 from app.api.examples import SPEC_EXAMPLES
 from app.resources import Job, JobPage, JobState
 from app.schemas import JobSpec
@@ -14,38 +14,45 @@ from app.schemas import JobSpec
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=Job)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Job,
+             responses={200: {"model": Job, "description": "The job an earlier request with this Idempotency-Key "
+                                                          "created"},
+                        409: {"description": "Idempotency-Key reused with a different spec"}})
 def submit_job(
     spec: Annotated[JobSpec, Body(openapi_examples=SPEC_EXAMPLES)], store: StoreDep, redis: RQRedisDep,
-    response: Response,
+    tenant: TenantDep, response: Response,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> Job:
     """Queue a training job. Defaults are filled in; a bad spec gets 422 naming the field."""
-    job = services.submit(store, redis, spec)
+    job, created = services.submit(store, redis, spec, tenant, idempotency_key)
     response.headers["Location"] = f"/jobs/{job.id}"
+    if not created:
+        response.status_code = status.HTTP_200_OK
     return job
 
 
 @router.get("", response_model=JobPage)
 def list_jobs(
     store: StoreDep,
+    tenant: TenantDep,
     state: JobState | None = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[int | None, Query(ge=0, description="next_cursor of the previous page")] = None,
 ) -> JobPage:
-    return services.list_jobs(store, state, limit, cursor)
+    return services.list_jobs(store, tenant, state, limit, cursor)
 
 
 @router.get("/{job_id}", response_model=Job)
-def get_job(job_id: str, store: StoreDep) -> Job:
-    return services.get(store, job_id)
+def get_job(job_id: str, store: StoreDep, tenant: TenantDep) -> Job:
+    return services.get(store, job_id, tenant)
 
 
 @router.delete("/{job_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Job)
-def cancel_job(job_id: str, store: StoreDep, redis: RQRedisDep) -> Job:
-    return services.cancel(store, redis, job_id)
+def cancel_job(job_id: str, store: StoreDep, redis: RQRedisDep, tenant: TenantDep) -> Job:
+    return services.cancel(store, redis, job_id, tenant)
 
 
 @router.get("/{job_id}/artifacts/model.keras", response_class=FileResponse)
-def model_artifact(job_id: str, store: StoreDep, settings: SettingsDep) -> FileResponse:
-    path = services.artifact(store, settings, job_id)
+def model_artifact(job_id: str, store: StoreDep, settings: SettingsDep, tenant: TenantDep) -> FileResponse:
+    path = services.artifact(store, settings, job_id, tenant)
     return FileResponse(path, media_type="application/octet-stream", filename=f"{job_id}.keras")

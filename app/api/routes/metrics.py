@@ -6,7 +6,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from app import services
-from app.api.deps import StoreDep
+from app.api.deps import StoreDep, TenantDep
 from app.api.sse import stream_job
 from app.resources import MetricsBuckets, MetricsPage
 
@@ -17,14 +17,15 @@ router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"])
 def read_metrics(
     job_id: str,
     store: StoreDep,
+    tenant: TenantDep,
     after: Annotated[int, Query(ge=0, description="return steps after this one")] = 0,
     limit: Annotated[int, Query(ge=1, description=f"capped at {services.MAX_PAGE}")] = 1000,
     max_points: Annotated[int | None, Query(ge=1, le=10_000, description="bucket the whole run")] = None,
 ) -> MetricsPage | MetricsBuckets:
     """Step records in step order, each once; or, with `max_points`, min/mean/max buckets over the whole run."""
     if max_points is not None:
-        return services.buckets(store, job_id, max_points)
-    return services.metrics(store, job_id, after, limit)
+        return services.buckets(store, job_id, tenant, max_points)
+    return services.metrics(store, job_id, tenant, after, limit)
 
 
 @router.get("/stream", response_class=StreamingResponse)
@@ -32,11 +33,12 @@ def stream_metrics(
     job_id: str,
     request: Request,
     store: StoreDep,
+    tenant: TenantDep,
     after: Annotated[int | None, Query(ge=0)] = None,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> StreamingResponse:
     """Server-Sent Events: `metrics` (id = step), `state`, and `end` once the job is terminal."""
-    services.get(store, job_id)
+    services.get(store, job_id, tenant)
     start = int(last_event_id) if last_event_id and last_event_id.isdigit() else (after or 0)
     return StreamingResponse(
         stream_job(request.app.state.aredis, job_id, start, request.is_disconnected),

@@ -19,6 +19,13 @@ class Settings(BaseSettings):
     """Longest a finished step waits in the worker before it is reported."""
     report_max_records: int = 256
     """Most step records held before a report is forced."""
+    lease_s: float = 30.0
+    """A running attempt renews its lease this often / 6; a lease left to expire means its worker is gone."""
+    reap_interval_s: float = 10.0
+    """How often every worker looks for running jobs whose lease expired. A dead worker's job is
+    requeued within lease_s + reap_interval_s (40 s by default)."""
+    max_attempts: int = 3
+    """Attempts per job, the first included; after the last, a lost worker fails the job (worker_lost)."""
     api_keys: str = ""
     """`key:tenant,...`. Empty: open mode, for a local API bound to 127.0.0.1 only."""
 

@@ -69,7 +69,7 @@ def cancel(store: JobStore, rq_redis: Redis, job_id: str, tenant: str) -> Job:
         moved, _ = store.transition(job_id, JobState.CANCELED, [JobState.QUEUED], "canceled before it started",
                                     error={"reason": "canceled", "message": "Canceled before it started."})
         if moved:
-            Queue(job.queue, connection=rq_redis).remove(job_id)
+            Queue(job.queue, connection=rq_redis).remove(store.rq_job_id(job_id))
             return get(store, job_id, tenant)
     if get(store, job_id, tenant).state is JobState.RUNNING:
         store.request_cancel(job_id)

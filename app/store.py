@@ -8,6 +8,8 @@ Keys (prefix `mpjobs:`):
     jobs:{tenant}       zset   the tenant's job ids, scored by creation sequence
     jobs:{tenant}:{state} zset the tenant's job ids in that state, same scores
     idem:{tenant}:{sha} string Idempotency-Key -> {fingerprint, job_id}, kept IDEMPOTENCY_TTL_S
+    job:{id}:lease      string the running attempt's lease, renewed while it lives
+    running             set    ids of running jobs, for the reaper
     seq                 string creation sequence counter
 
 Shared by the API and the worker; it imports neither FastAPI nor TensorFlow.
@@ -61,7 +63,47 @@ for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('XADD', KEYS[2], '*', 'state', ARGV[1], 'at', ARGV[2], 'message', ARGV[3])
 redis.call('ZREM', index .. cur, ARGV[6])
 redis.call('ZADD', index .. ARGV[1], seq, ARGV[6])
+if ARGV[1] == 'running' then
+  redis.call('SADD', KEYS[3], ARGV[6])
+else
+  redis.call('SREM', KEYS[3], ARGV[6])
+end
 return {'ok', cur}
+"""
+
+# Requeue a running job whose lease expired, or fail it after its last attempt. One winner
+# among all reapers: the state and the lease are checked inside the script.
+_REAP = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' or redis.call('EXISTS', KEYS[4]) == 1 then
+  return 'alive'
+end
+local attempt = tonumber(redis.call('HGET', KEYS[1], 'attempt'))
+local seq = redis.call('HGET', KEYS[1], 'seq')
+local index = ARGV[1] .. redis.call('HGET', KEYS[1], 'tenant') .. ':'
+local to, message = 'queued', 'worker lost during attempt ' .. attempt .. '; requeued to resume from its checkpoint'
+if attempt >= tonumber(ARGV[2]) then
+  to, message = 'failed', 'worker lost during attempt ' .. attempt .. ', the last allowed'
+  redis.call('HSET', KEYS[1], 'finished_at', ARGV[3], 'error', ARGV[4])
+end
+redis.call('HSET', KEYS[1], 'state', to)
+redis.call('XADD', KEYS[2], '*', 'state', to, 'at', ARGV[3], 'message', message)
+redis.call('ZREM', index .. 'running', ARGV[5])
+redis.call('ZADD', index .. to, seq, ARGV[5])
+redis.call('SREM', KEYS[3], ARGV[5])
+return to
+"""
+
+# Forget steps after `keep` (a lost attempt's, recomputed from the checkpoint) and let the
+# stream accept them again: each step stays exactly once.
+_REWIND = """
+local removed = 0
+for i = 1, 2 do
+  local gone = redis.call('XRANGE', KEYS[i], '(' .. ARGV[i] .. '-0', '+')
+  for _, entry in ipairs(gone) do redis.call('XDEL', KEYS[i], entry[1]) end
+  removed = removed + #gone
+  if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('XSETID', KEYS[i], ARGV[i] .. '-0') end
+end
+return removed
 """
 
 
@@ -81,6 +123,13 @@ def rollup_key(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:rollup"
 
 
+def lease_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:lease"
+
+
+RUNNING = f"{PREFIX}running"
+
+
 def index_key(tenant: str, state: JobState | None = None) -> str:
     return f"{PREFIX}jobs:{tenant}" + (f":{state.value}" if state else "")
 
@@ -95,6 +144,8 @@ class JobStore:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
         self._transition = redis.register_script(_TRANSITION)
+        self._reap = redis.register_script(_REAP)
+        self._rewind = redis.register_script(_REWIND)
 
     # -- records -------------------------------------------------------------
 
@@ -112,7 +163,7 @@ class JobStore:
             pipe.hset(job_key(job_id), mapping={
                 "id": job_id, "seq": seq, "tenant": tenant, "state": JobState.QUEUED.value, "queue": queue,
                 "name": json.dumps(spec.name), "spec": spec.model_dump_json(), "created_at": at,
-                "attempt": 0, "step": 0, "total_steps": spec.training.steps,
+                "attempt": 0, "step": 0, "total_steps": spec.training.steps, "rq_job": job_id,
             })
             pipe.xadd(events_key(job_id), {"state": JobState.QUEUED.value, "at": at,
                                            "message": f"queued on '{queue}'"})
@@ -192,13 +243,39 @@ class JobStore:
         args: list[Any] = [to.value, at, message, " ".join(s.value for s in allowed_from), f"{PREFIX}jobs:", job_id]
         for name, value in fields.items():
             args += [name, value if isinstance(value, str | int) else json.dumps(value)]
-        status, previous = self._transition(keys=[job_key(job_id), events_key(job_id)], args=args)
+        status, previous = self._transition(keys=[job_key(job_id), events_key(job_id), RUNNING], args=args)
         return status == "ok", (JobState(previous) if previous else None)
 
     def set_fields(self, job_id: str, **fields: Any) -> None:
         self.redis.hset(job_key(job_id), mapping={
             k: v if isinstance(v, str | int) else json.dumps(v) for k, v in fields.items()
         })
+
+    def renew_lease(self, job_id: str, owner: str, ttl_s: float) -> None:
+        self.redis.set(lease_key(job_id), owner, px=int(ttl_s * 1000))
+
+    def drop_lease(self, job_id: str) -> None:
+        self.redis.delete(lease_key(job_id))
+
+    def running_ids(self) -> set[str]:
+        return set(self.redis.smembers(RUNNING))
+
+    def reap(self, job_id: str, max_attempts: int) -> str:
+        """'queued' (requeue it), 'failed' (out of attempts) or 'alive' (nothing to do)."""
+        error = json.dumps({"reason": "worker_lost", "message": (
+            f"The worker running this job disappeared on each of its {max_attempts} attempts.")})
+        keys = [job_key(job_id), events_key(job_id), RUNNING, lease_key(job_id)]
+        return str(self._reap(keys=keys, args=[f"{PREFIX}jobs:", max_attempts, clock.iso(), error, job_id]))
+
+    def rewind_metrics(self, job_id: str, keep_step: int) -> int:
+        """Drop steps after `keep_step` (and their rollups) so a resumed attempt rewrites them once."""
+        keys = [metrics_key(job_id), rollup_key(job_id)]
+        removed = int(self._rewind(keys=keys, args=[keep_step, keep_step // ROLLUP_STEPS]))
+        self.redis.hset(job_key(job_id), "step", keep_step)
+        return removed
+
+    def rq_job_id(self, job_id: str) -> str:
+        return str(self.redis.hget(job_key(job_id), "rq_job") or job_id)
 
     def request_cancel(self, job_id: str) -> None:
         self.redis.hset(job_key(job_id), "cancel_requested", 1)

@@ -94,9 +94,8 @@ class Stack:
     def start_worker(self) -> subprocess.Popen[bytes]:
         worker = self._spawn([sys.executable, "-m", "worker"], f"worker{len(self.workers)}.log")
         self.workers.append(worker)
-        count = len(self.workers)
-        wait_until(lambda: httpx.get(f"{self.base_url}/readyz").json()["workers"]["any"] >= count, 60,
-                   "the worker to register")
+        key = f"rq:worker:{socket.gethostname()}.{worker.pid}"
+        wait_until(lambda: self.redis.client().exists(key), 60, "the worker to register")
         return worker
 
     def stop(self) -> None:

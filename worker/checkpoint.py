@@ -54,6 +54,15 @@ def save(directory: Path, ckpt: Checkpoint) -> Path:
     return target
 
 
+def saved_step(directory: Path) -> int:
+    """The step of the checkpoint in `directory` (0 if none), reading only its metadata."""
+    path = directory / CHECKPOINT_NAME
+    if not path.exists():
+        return 0
+    with np.load(path, allow_pickle=False) as archive:
+        return int(json.loads(str(archive["meta"]))["step"])
+
+
 def load(directory: Path) -> Checkpoint | None:
     path = directory / CHECKPOINT_NAME
     if not path.exists():

@@ -10,14 +10,18 @@ import logging
 import os
 import socket
 import threading
+import time
+from pathlib import Path
 
 from redis import Redis
 
 from app import clock
-from app.config import get_settings
+from app.config import Settings, get_settings
 from app.errors import FailureReason, JobFailed
 from app.resources import JobState
+from app.schemas import JobSpec
 from app.store import JobStore
+from worker import checkpoint
 from worker.devices import detect_device
 from worker.engine import run_job
 from worker.reporter import RedisReporter
@@ -26,27 +30,33 @@ log = logging.getLogger("mpjobs.worker")
 
 CANCEL_POLL_S = 0.25
 """How often a running job checks for a cancel request; a cancel lands within this plus one step."""
+LEASE_RENEWALS = 6
+"""Renewals per lease period: a lease survives several missed renewals (a GC pause, a Redis blip)."""
 
 
-class CancelWatcher:
-    """Polls the job's cancel flag on a thread, so the training step never waits on Redis."""
+class AttemptWatcher:
+    """On a thread: polls the cancel flag and renews the attempt's lease, so the
+    training step never waits on Redis and a dead worker's lease runs out."""
 
-    def __init__(self, store: JobStore, job_id: str) -> None:
-        self.store, self.job_id = store, job_id
-        self.requested = threading.Event()
+    def __init__(self, store: JobStore, job_id: str, owner: str, lease_s: float) -> None:
+        self.store, self.job_id, self.owner, self.lease_s = store, job_id, owner, lease_s
+        self.cancel_requested = threading.Event()
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name=f"cancel-watch-{job_id}", daemon=True)
+        self._thread = threading.Thread(target=self._watch, name=f"attempt-{job_id}", daemon=True)
 
-    def _poll(self) -> None:
+    def _watch(self) -> None:
+        renew_every, renewed = self.lease_s / LEASE_RENEWALS, time.monotonic()
         while not self._done.wait(CANCEL_POLL_S):
             try:
-                if self.store.cancel_requested(self.job_id):
-                    self.requested.set()
-                    return
+                if time.monotonic() - renewed >= renew_every:
+                    self.store.renew_lease(self.job_id, self.owner, self.lease_s)
+                    renewed = time.monotonic()
+                if not self.cancel_requested.is_set() and self.store.cancel_requested(self.job_id):
+                    self.cancel_requested.set()
             except Exception:  # A Redis blip must not kill training; try again next poll.
-                log.warning("cancel check failed for %s", self.job_id, exc_info=True)
+                log.warning("attempt watch failed for %s", self.job_id, exc_info=True)
 
-    def __enter__(self) -> CancelWatcher:
+    def __enter__(self) -> AttemptWatcher:
         self._thread.start()
         return self
 
@@ -61,20 +71,38 @@ def run_training(job_id: str) -> str:
     job = store.get(job_id)
     if job is None or job.state is not JobState.QUEUED:
         return f"skipped: {'missing' if job is None else job.state.value}"
+    if store.cancel_requested(job_id):  # canceled while its worker was being replaced
+        store.transition(job_id, JobState.CANCELED, [JobState.QUEUED], "canceled before it resumed",
+                         error={"reason": FailureReason.CANCELED.value, "message": "Canceled before it resumed."})
+        return "canceled"
+    out = settings.artifacts_dir / job_id
+    resume_from = checkpoint.saved_step(out)
+    if job.attempt:
+        store.rewind_metrics(job_id, resume_from)
     device = detect_device()
     attempt = job.attempt + 1
     worker = {"host": socket.gethostname(), "pid": os.getpid(), "device": device.describe()}
+    owner = f"{worker['host']}:{worker['pid']}"
+    store.renew_lease(job_id, owner, settings.lease_s)  # before `running`: a reaper never sees one without it
+    resumed = f", resuming from step {resume_from}" if resume_from else ""
     moved, now_state = store.transition(
-        job_id, JobState.RUNNING, [JobState.QUEUED], f"attempt {attempt} on {worker['host']} ({device.kind})",
+        job_id, JobState.RUNNING, [JobState.QUEUED],
+        f"attempt {attempt} on {worker['host']} ({device.kind}){resumed}",
         started_at=clock.iso(), attempt=attempt, worker=worker,
     )
     if not moved:
         return f"skipped: {now_state.value if now_state else 'missing'}"
-    with CancelWatcher(store, job_id) as watcher:
+    try:
+        return _train(store, job_id, job.spec, out, owner, settings)
+    finally:
+        store.drop_lease(job_id)
+
+
+def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, settings: Settings) -> str:
+    with AttemptWatcher(store, job_id, owner, settings.lease_s) as watcher:
         try:
-            result = run_job(job.spec, reporter=RedisReporter(store, job_id),
-                             checkpoint_dir=settings.artifacts_dir / job_id,
-                             should_stop=watcher.requested.is_set, settings=settings)
+            result = run_job(spec, reporter=RedisReporter(store, job_id), checkpoint_dir=out,
+                             should_stop=watcher.cancel_requested.is_set, settings=settings)
         except JobFailed as exc:
             _fail(store, job_id, exc.reason.value, exc.message)
             return f"failed: {exc.reason.value}"

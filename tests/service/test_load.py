@@ -1,0 +1,45 @@
+"""Load: 200 small jobs posted at once, two workers; none lost, none run twice."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from tests.stack import Stack, wait_until
+
+JOBS = 200
+TINY = {"model": {"name": "mlp", "hidden_units": 8}, "training": {"steps": 1, "batch_size": 16},
+        "dataset": {"samples": 16}}
+
+
+def test_two_hundred_concurrent_jobs_all_succeed_once(stack: Stack, client: httpx.Client) -> None:
+    while len(stack.workers) < 2:
+        stack.start_worker()
+
+    def post(i: int) -> str:
+        response = httpx.post(f"{stack.base_url}/jobs", json={**TINY, "name": f"load-{i}"}, timeout=60)
+        assert response.status_code == 201, response.text
+        return str(response.json()["id"])
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        ids = list(pool.map(post, range(JOBS)))
+    assert len(set(ids)) == JOBS
+
+    r = stack.redis.client()
+
+    def all_done() -> bool:
+        states = [r.hget(f"mpjobs:job:{job_id}", "state") for job_id in ids]
+        return all(s in {"succeeded", "failed", "canceled"} for s in states)
+
+    wait_until(all_done, 600, f"{JOBS} jobs to finish", interval=1.0)
+    pids = set()
+    for job_id in ids:
+        job = client.get(f"/jobs/{job_id}").json()
+        assert job["state"] == "succeeded", job["error"]
+        assert job["attempt"] == 1
+        assert [t["state"] for t in job["transitions"]] == ["queued", "running", "succeeded"]
+        assert r.xlen(f"mpjobs:job:{job_id}:metrics") == 1
+        pids.add(job["worker"]["pid"])
+    assert len(pids) == 2, "both workers took jobs"
+    assert [r.llen(f"rq:queue:{q}") for q in ("gpu", "cpu", "any")] == [0, 0, 0]

@@ -75,6 +75,8 @@ class MetricsPage(BaseModel):
     points: list[StepRecord]
     next_after: int | None
     """Pass as `after` for the next page; null when no more steps exist yet."""
+    missing_steps: list[tuple[int, int]] = []
+    """Inclusive step ranges inside this page that were lost (e.g. to a Redis restart). Never filled in."""
 
 
 class Stat(BaseModel):

@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import redis
 from redis import Redis
 from redis.client import Pipeline
 
@@ -298,7 +299,11 @@ class JobStore:
                 fields["summary"] = summary.model_dump_json()
             if fields:
                 pipe.hset(job_key(job_id), mapping=fields)
-            pipe.execute()
+            results = pipe.execute(raise_on_error=False)
+        for result in results:
+            # A resent batch: a step id Redis already holds was written the first time.
+            if isinstance(result, redis.ResponseError) and "equal or smaller" not in str(result):
+                raise result
 
     def read_metrics(self, job_id: str, after: int, limit: int) -> MetricsPage:
         entries = self.redis.xrange(metrics_key(job_id), min=f"({after}-0", max="+", count=limit)
@@ -306,7 +311,13 @@ class JobStore:
         more = len(points) == limit and bool(
             self.redis.xrange(metrics_key(job_id), min=f"({points[-1].step}-0", max="+", count=1)
         )
-        return MetricsPage(job_id=job_id, points=points, next_after=points[-1].step if more else None)
+        missing, expected = [], after + 1
+        for point in points:
+            if point.step > expected:
+                missing.append((expected, point.step - 1))
+            expected = point.step + 1
+        return MetricsPage(job_id=job_id, points=points, next_after=points[-1].step if more else None,
+                           missing_steps=missing)
 
     def read_buckets(self, job_id: str, max_points: int) -> MetricsBuckets:
         last = self.redis.xrevrange(metrics_key(job_id), count=1)

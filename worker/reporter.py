@@ -1,13 +1,26 @@
-"""RedisReporter: step records, rollups, progress and the summary into Redis."""
+"""RedisReporter: step records, rollups, progress and the summary into Redis.
+
+Training never waits for Redis: while Redis is unreachable (a restart, a
+failover) records stay pending in memory and go out with the next batch. A
+batch that was half written before the connection dropped is safe to resend:
+a step id Redis already has is refused, and counted as written.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
+
+import redis
 
 from app.rollup import ROLLUP_STEPS, Rollup
 from app.schemas import StepRecord, Summary
 from app.store import JobStore, metrics_key
+
+log = logging.getLogger("mpjobs.worker")
+
+UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
 
 
 class RedisReporter:
@@ -16,6 +29,9 @@ class RedisReporter:
     def __init__(self, store: JobStore, job_id: str) -> None:
         self.store, self.job_id = store, job_id
         self.partial = self._resume_partial()
+        self.pending: list[StepRecord] = []
+        self.pending_rollups: list[tuple[int, Rollup]] = []
+        self.outage = False
 
     def _resume_partial(self) -> Rollup:
         """Rebuild the unfinished rollup from steps already stored (a resumed attempt)."""
@@ -30,13 +46,25 @@ class RedisReporter:
         return partial
 
     def steps(self, records: Sequence[StepRecord]) -> None:
-        finished: list[tuple[int, Rollup]] = []
         for record in records:
             self.partial.add(record.model_dump())
             if record.step % ROLLUP_STEPS == 0:
-                finished.append((record.step // ROLLUP_STEPS, self.partial))
+                self.pending_rollups.append((record.step // ROLLUP_STEPS, self.partial))
                 self.partial = Rollup()
-        self.store.append_steps(self.job_id, records, finished, None)
+        self.pending.extend(records)
+        try:
+            self.store.append_steps(self.job_id, self.pending, self.pending_rollups, None)
+        except UNAVAILABLE as exc:
+            if not self.outage:
+                log.warning("redis unavailable, holding %d step records: %s", len(self.pending), exc)
+            self.outage = True
+            return
+        if self.outage:
+            log.warning("redis is back; wrote %d held step records", len(self.pending))
+        self.pending, self.pending_rollups, self.outage = [], [], False
 
     def summary(self, summary: Summary) -> None:
-        self.store.set_fields(self.job_id, summary=summary.model_dump_json())
+        try:
+            self.store.set_fields(self.job_id, summary=summary.model_dump_json())
+        except UNAVAILABLE:
+            self.outage = True  # the next summary, or the final transition, carries it

@@ -11,8 +11,11 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
+import redis
 from redis import Redis
 
 from app import clock
@@ -27,9 +30,12 @@ from worker.engine import run_job
 from worker.reporter import RedisReporter
 
 log = logging.getLogger("mpjobs.worker")
+T = TypeVar("T")
 
 CANCEL_POLL_S = 0.25
 """How often a running job checks for a cancel request; a cancel lands within this plus one step."""
+REDIS_OUTAGE_BUDGET_S = 120.0
+"""How long a finished attempt keeps retrying to record its end while Redis is unreachable."""
 LEASE_RENEWALS = 6
 """Renewals per lease period: a lease survives several missed renewals (a GC pause, a Redis blip)."""
 
@@ -46,6 +52,7 @@ class AttemptWatcher:
 
     def _watch(self) -> None:
         renew_every, renewed = self.lease_s / LEASE_RENEWALS, time.monotonic()
+        failing = False
         while not self._done.wait(CANCEL_POLL_S):
             try:
                 if time.monotonic() - renewed >= renew_every:
@@ -53,8 +60,11 @@ class AttemptWatcher:
                     renewed = time.monotonic()
                 if not self.cancel_requested.is_set() and self.store.cancel_requested(self.job_id):
                     self.cancel_requested.set()
-            except Exception:  # A Redis blip must not kill training; try again next poll.
-                log.warning("attempt watch failed for %s", self.job_id, exc_info=True)
+                failing = False
+            except Exception as exc:  # A Redis blip must not kill training; try again next poll.
+                if not failing:
+                    log.warning("attempt watch for %s failing, retrying: %s", self.job_id, exc)
+                failing = True
 
     def __enter__(self) -> AttemptWatcher:
         self._thread.start()
@@ -95,7 +105,21 @@ def run_training(job_id: str) -> str:
     try:
         return _train(store, job_id, job.spec, out, owner, settings)
     finally:
-        store.drop_lease(job_id)
+        _through_outage(lambda: store.drop_lease(job_id))
+
+
+def _through_outage(write: Callable[[], T]) -> T:
+    """Retry `write` while Redis is unreachable (a restart), up to REDIS_OUTAGE_BUDGET_S."""
+    deadline, delay = time.monotonic() + REDIS_OUTAGE_BUDGET_S, 0.1
+    while True:
+        try:
+            return write()
+        except (redis.ConnectionError, redis.TimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            log.warning("redis unavailable; retrying in %.1f s", delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, settings: Settings) -> str:
@@ -110,17 +134,19 @@ def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, s
             log.exception("job %s crashed", job_id)
             _fail(store, job_id, FailureReason.INTERNAL.value, f"{type(exc).__name__}: {exc}"[:500])
             return "failed: internal"
+    done = result.summary.steps_done
     if result.status == "stopped":
-        store.transition(job_id, JobState.CANCELED, [JobState.RUNNING],
-                         f"canceled at step {result.summary.steps_done}",
-                         error={"reason": FailureReason.CANCELED.value,
-                                "message": f"Canceled at step {result.summary.steps_done}."})
+        _through_outage(lambda: store.transition(
+            job_id, JobState.CANCELED, [JobState.RUNNING], f"canceled at step {done}",
+            error={"reason": FailureReason.CANCELED.value, "message": f"Canceled at step {done}."}))
         return "canceled"
-    store.transition(job_id, JobState.SUCCEEDED, [JobState.RUNNING],
-                     f"finished {result.summary.steps_done} steps", summary=result.summary.model_dump_json())
+    _through_outage(lambda: store.transition(
+        job_id, JobState.SUCCEEDED, [JobState.RUNNING], f"finished {done} steps",
+        summary=result.summary.model_dump_json()))
     return "succeeded"
 
 
 def _fail(store: JobStore, job_id: str, reason: str, message: str) -> None:
-    store.transition(job_id, JobState.FAILED, [JobState.RUNNING], f"{reason}: {message}"[:300],
-                     error={"reason": reason, "message": message})
+    _through_outage(lambda: store.transition(job_id, JobState.FAILED, [JobState.RUNNING],
+                                             f"{reason}: {message}"[:300],
+                                             error={"reason": reason, "message": message}))

@@ -102,6 +102,20 @@ class MetricsBuckets(BaseModel):
     """Steps recorded so far, all covered by the buckets."""
 
 
+class ErrorBody(BaseModel):
+    detail: str
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "API keys are configured and this request has no valid one"},
+    503: {"model": ErrorBody, "description": "Redis is unreachable"},
+}
+JOB_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    404: {"model": ErrorBody, "description": "No such job (or another tenant's)"},
+}
+
+
 class Health(BaseModel):
     status: str
     redis: str | None = None

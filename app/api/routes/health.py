@@ -4,7 +4,7 @@ from fastapi import APIRouter, Response, status
 
 from app import services
 from app.api.deps import RQRedisDep, TenantDep
-from app.resources import Health
+from app.resources import ERROR_RESPONSES, ErrorBody, Health
 
 router = APIRouter(tags=["health"])
 
@@ -15,7 +15,8 @@ def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", response_model=Health)
+@router.get("/readyz", response_model=Health,
+            responses={**ERROR_RESPONSES, 503: {"model": Health | ErrorBody, "description": "No workers, or Redis unreachable"}})
 def readyz(redis: RQRedisDep, response: Response, tenant: TenantDep) -> Health:
     """Readiness: Redis answers, and live workers per queue."""
     health = services.readiness(redis)

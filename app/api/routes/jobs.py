@@ -8,10 +8,10 @@ from fastapi.responses import FileResponse
 from app import services
 from app.api.deps import RQRedisDep, SettingsDep, StoreDep, TenantDep
 from app.api.examples import SPEC_EXAMPLES
-from app.resources import Job, JobPage, JobState
+from app.resources import JOB_ERROR_RESPONSES, Job, JobPage, JobState
 from app.schemas import JobSpec
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=JOB_ERROR_RESPONSES)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=Job,

@@ -8,9 +8,9 @@ from fastapi.responses import StreamingResponse
 from app import services
 from app.api.deps import StoreDep, TenantDep
 from app.api.sse import stream_job
-from app.resources import MetricsBuckets, MetricsPage
+from app.resources import JOB_ERROR_RESPONSES, MetricsBuckets, MetricsPage
 
-router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"])
+router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"], responses=JOB_ERROR_RESPONSES)
 
 
 @router.get("", response_model=MetricsPage | MetricsBuckets)

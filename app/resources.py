@@ -62,6 +62,8 @@ class Job(BaseModel):
     error: JobError | None
     attempt: int
     worker: WorkerInfo | None
+    waiting_reason: str | None = None
+    """Why a queued job is not starting, when no live worker listens on its queue."""
 
 
 class JobPage(BaseModel):

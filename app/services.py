@@ -49,11 +49,19 @@ def submit(store: JobStore, rq_redis: Redis, spec: JobSpec, tenant: str,
     return get(store, job_id, tenant), True
 
 
-def get(store: JobStore, job_id: str, tenant: str) -> Job:
-    """The job, or JobNotFound: another tenant's job is indistinguishable from none."""
+def get(store: JobStore, job_id: str, tenant: str, rq_redis: Redis | None = None) -> Job:
+    """The job, or JobNotFound: another tenant's job is indistinguishable from none.
+
+    With `rq_redis`, a queued job that no live worker can take says why.
+    """
     job = store.get(job_id, tenant)
     if job is None:
         raise JobNotFound(job_id)
+    if rq_redis is not None and job.state is JobState.QUEUED:
+        if not Worker.count(connection=rq_redis, queue=Queue(job.queue, connection=rq_redis)):
+            kind = {"gpu": "a GPU worker", "cpu": "a CPU worker"}.get(job.queue, "a worker")
+            job.waiting_reason = (f"No live worker listens on queue '{job.queue}': it waits until {kind} "
+                                  "starts (python -m worker).")
     return job
 
 

@@ -46,7 +46,7 @@ _OPTIMIZERS = {
     "rmsprop": keras.optimizers.RMSprop,
 }
 
-__all__ = ["ListReporter", "RunResult", "run_job", "spec_fingerprint"]
+__all__ = ["ListReporter", "RunResult", "release_memory", "run_job", "spec_fingerprint"]
 
 
 @dataclass(frozen=True)
@@ -223,6 +223,11 @@ def _run(
         "stopped" if callback.stopped else "succeeded", builder.summary(), out / checkpoint.CHECKPOINT_NAME,
         model_path, device, start,
     )
+
+
+def release_memory() -> None:
+    """Drop every model and graph of the last job (host and device memory) from this process."""
+    keras.backend.clear_session(free_memory=True)
 
 
 def _keep_last_good(model: keras.Model, out: Path) -> str:

@@ -26,7 +26,7 @@ from app.schemas import JobSpec
 from app.store import JobStore
 from worker import checkpoint
 from worker.devices import detect_device
-from worker.engine import run_job
+from worker.engine import release_memory, run_job
 from worker.reporter import RedisReporter
 
 log = logging.getLogger("mpjobs.worker")
@@ -105,6 +105,7 @@ def run_training(job_id: str) -> str:
     try:
         return _train(store, job_id, job.spec, out, owner, settings)
     finally:
+        release_memory()  # a canceled or failed job leaves no model in the worker
         _through_outage(lambda: store.drop_lease(job_id))
 
 

@@ -170,3 +170,12 @@ def test_worker_runs_jobs_in_process_and_starts_warm(stack: Stack, client: httpx
         startup = first_step_began - dequeued.timestamp()
         assert startup <= 2.0, f"{startup:.2f} s from dequeue to step 1"
         assert isinstance(datetime.fromisoformat(done["started_at"].replace("Z", "+00:00")), datetime)
+
+
+def test_a_job_no_worker_can_take_says_why(stack: Stack, client: httpx.Client) -> None:
+    job_id = submit(client, 5, device="gpu")
+    time.sleep(0.5)
+    job = client.get(f"/jobs/{job_id}").json()
+    assert job["state"] == "queued"
+    assert "queue 'gpu'" in job["waiting_reason"] and "GPU worker" in job["waiting_reason"]
+    assert client.delete(f"/jobs/{job_id}").json()["state"] == "canceled"

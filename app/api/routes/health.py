@@ -15,8 +15,9 @@ def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", response_model=Health,
-            responses={**ERROR_RESPONSES, 503: {"model": Health | ErrorBody, "description": "No workers, or Redis unreachable"}})
+@router.get("/readyz", response_model=Health, responses={
+    **ERROR_RESPONSES, 503: {"model": Health | ErrorBody, "description": "No workers, or Redis unreachable"},
+})
 def readyz(redis: RQRedisDep, response: Response, tenant: TenantDep) -> Health:
     """Readiness: Redis answers, and live workers per queue."""
     health = services.readiness(redis)

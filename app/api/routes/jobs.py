@@ -43,8 +43,8 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=Job)
-def get_job(job_id: str, store: StoreDep, tenant: TenantDep) -> Job:
-    return services.get(store, job_id, tenant)
+def get_job(job_id: str, store: StoreDep, tenant: TenantDep, redis: RQRedisDep) -> Job:
+    return services.get(store, job_id, tenant, redis)
 
 
 @router.delete("/{job_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Job)

@@ -39,15 +39,16 @@ def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(api_only: Sta
         str(st) if st.exists() else "st", "run", f"{api_only.base_url}/openapi.json",
         "--checks", "not_a_server_error,response_schema_conformance,status_code_conformance,"
                     "content_type_conformance",
-        "--phases", "coverage", "--seed", "42", "--max-examples", "20", "--workers", "2",
+        "--phases", "coverage", "--seed", "42", "--max-examples", "20", "--workers", "1",
         "--request-timeout", "5",
         # /readyz answers 503 by design here: this API has no worker.
         "--exclude-path", "/readyz",
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=ROOT)
     if done.returncode != 0:
-        # Seen once in a full-suite run and never alone: keep the evidence, run it again, and
-        # fail only if the second run fails too (a real bug reproduces).
+        # Seen once: schemathesis 4.32.5 crashed inside its own generator (a KeyError in its
+        # cache) with every request passing. Keep the evidence, run it again, and fail only
+        # if the second run fails too: a real API bug reproduces with the same seed.
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / "schemathesis-first-failure.txt").write_text(done.stdout + done.stderr)
         warnings.warn("schemathesis failed once; see test-artifacts/schemathesis-first-failure.txt", stacklevel=1)

@@ -181,7 +181,6 @@ def check_keras_json(text: str) -> dict[str, Any]:
     return config
 
 
-BUILTIN_MODELS = ("mlp", "cnn", "conv3d_unet", "transformer")
 
 
 def _model_tag(value: Any) -> str | None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,13 @@ class Stack:
                 except subprocess.TimeoutExpired:
                     process.kill()
 
+    def writes(self) -> tuple[object, ...]:
+        """What any accepted job changes: the creation counter, the job index, the RQ queues.
+        (Not DBSIZE: RQ's own keys expire in the background.)"""
+        r = self.redis.client()
+        queues = tuple(r.llen(f"rq:queue:{q}") for q in ("gpu", "cpu", "any"))
+        return (r.get("mpjobs:seq"), r.zcard("mpjobs:jobs:default"), *queues)
+
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=30)
 
@@ -136,3 +144,21 @@ def iter_sse(client: httpx.Client, path: str, headers: dict[str, str] | None = N
                 continue
             yield fields["event"], fields.get("id"), fields["data"], time.time()
             fields = {}
+
+
+@contextmanager
+def private_stack(directory: Path, workers: int = 1, **env: str) -> Iterator[Stack]:
+    """A redis-server of its own, the API and `workers` workers, with `env` added."""
+    server = RedisServer(directory / "redis")
+    (directory / "redis").mkdir(parents=True, exist_ok=True)
+    server.start()
+    stack = Stack(server, directory / "stack")
+    stack.env.update(env)
+    try:
+        stack.start_api()
+        for _ in range(workers):
+            stack.start_worker()
+        yield stack
+    finally:
+        stack.stop()
+        server.stop()

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from app.config import Settings
-from tests.stack import RedisServer, Stack, wait_until
+from tests.stack import Stack, private_stack, wait_until
 
 LEASE_S, REAP_INTERVAL_S = 2.0, 0.5
 DETECTION_BUDGET_S = 120
@@ -26,18 +26,9 @@ SPEC = {"model": {"name": "mlp"}, "precision_policy": "mixed_float16",
 
 @pytest.fixture(scope="module")
 def crash_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    server = RedisServer(tmp_path_factory.mktemp("crash-redis"))
-    server.start()
-    stack = Stack(server, tmp_path_factory.mktemp("crash-stack"))
-    stack.env.update(LEASE_S=str(LEASE_S), REAP_INTERVAL_S=str(REAP_INTERVAL_S))
-    try:
-        stack.start_api()
-        stack.start_worker()
+    with private_stack(tmp_path_factory.mktemp("crash"), LEASE_S=str(LEASE_S),
+                       REAP_INTERVAL_S=str(REAP_INTERVAL_S)) as stack:
         yield stack
-    finally:
-        stack.stop()
-        server.stop()
-
 
 def test_production_intervals_detect_a_dead_worker_within_two_minutes() -> None:
     defaults = Settings(_env_file=None)  # type: ignore[call-arg]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack import ROOT, RedisServer, Stack
+from tests.stack import ROOT, Stack, private_stack
 
 MIN_REQUESTS = 500
 ARTIFACTS = ROOT / "test-artifacts"
@@ -22,16 +22,8 @@ ARTIFACTS = ROOT / "test-artifacts"
 
 @pytest.fixture(scope="module")
 def api_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    server = RedisServer(tmp_path_factory.mktemp("fuzz-redis"))
-    server.start()
-    stack = Stack(server, tmp_path_factory.mktemp("fuzz-stack"))
-    try:
-        stack.start_api()
+    with private_stack(tmp_path_factory.mktemp("fuzz"), workers=0) as stack:
         yield stack
-    finally:
-        stack.stop()
-        server.stop()
-
 
 def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(api_only: Stack) -> None:
     st = Path(ROOT / ".venv/bin/st")

@@ -102,12 +102,17 @@ BAD_SPECS = [
 def test_bad_spec_is_422_naming_the_field_and_queues_nothing(
     stack: Stack, client: httpx.Client, spec: dict[str, Any], loc: list[str]
 ) -> None:
-    r = stack.redis.client()
-    before = (r.zcard("mpjobs:jobs"), r.llen("rq:queue:any"))
+    before = stack.writes()
     response = client.post("/jobs", json=spec)
     assert response.status_code == 422
     assert [e["loc"] for e in response.json()["detail"]] == [loc]
-    assert (r.zcard("mpjobs:jobs"), r.llen("rq:queue:any")) == before
+    assert stack.writes() == before
+
+
+def test_the_write_check_sees_an_accepted_job(stack: Stack, client: httpx.Client) -> None:
+    before = stack.writes()
+    assert client.post("/jobs", json={"model": {"name": "mlp"}, "training": {"steps": 1}}).status_code == 201
+    assert stack.writes() != before
 
 
 def test_malformed_json_is_422(client: httpx.Client) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.stack import RedisServer, Stack, wait_until
+from tests.stack import Stack, private_stack, wait_until
 
 SPEC = {"model": {"name": "mlp"}, "precision_policy": "mixed_float16",
         "training": {"steps": 150, "checkpoint_every": 25}, "dataset": {"samples": 512}}
@@ -16,17 +16,8 @@ SPEC = {"model": {"name": "mlp"}, "precision_policy": "mixed_float16",
 
 @pytest.fixture(scope="module")
 def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    server = RedisServer(tmp_path_factory.mktemp("restart-redis"))
-    server.start()
-    stack = Stack(server, tmp_path_factory.mktemp("restart-stack"))
-    try:
-        stack.start_api()
-        stack.start_worker()
+    with private_stack(tmp_path_factory.mktemp("restart")) as stack:
         yield stack
-    finally:
-        stack.stop()
-        server.stop()
-
 
 def test_job_survives_a_redis_restart(own_stack: Stack) -> None:
     client = own_stack.client()

@@ -40,8 +40,7 @@ def test_fifty_concurrent_posts_with_one_key_create_one_job(stack: Stack) -> Non
 
 
 def test_body_over_one_mib_is_413_and_writes_nothing(stack: Stack, client: httpx.Client) -> None:
-    r = stack.redis.client()
-    before = r.dbsize()
+    before = stack.writes()
     big = {**SPEC, "name": "x" * (2 * 2**20)}
     assert client.post("/jobs", json=big).status_code == 413
 
@@ -53,7 +52,7 @@ def test_body_over_one_mib_is_413_and_writes_nothing(stack: Stack, client: httpx
 
     response = client.post("/jobs", content=chunks(), headers={"content-type": "application/json"})
     assert response.status_code == 413
-    assert r.dbsize() == before
+    assert stack.writes() == before
 
 
 @pytest.mark.parametrize(("content", "content_type"), [
@@ -64,10 +63,9 @@ def test_body_over_one_mib_is_413_and_writes_nothing(stack: Stack, client: httpx
 ])
 def test_wrong_content_type_or_malformed_json_is_422(stack: Stack, client: httpx.Client, content: bytes,
                                                      content_type: str) -> None:
-    r = stack.redis.client()
-    before = r.dbsize()
+    before = stack.writes()
     assert client.post("/jobs", content=content, headers={"content-type": content_type}).status_code == 422
-    assert r.dbsize() == before
+    assert stack.writes() == before
 
 
 @pytest.fixture(scope="module")

@@ -125,14 +125,14 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         # non-finite, which saves two passes over every gradient. (A norm beyond
         # float32's range, 1.8e19, also counts as an overflow.)
         present = [ops.cast(g, "float32") for g in unscaled if g is not None]
-        if sum(math.prod(g.shape) for g in present) <= FLAT_STATS_MAX_ELEMENTS:
+        elements = float(sum(math.prod(g.shape) for g in present))
+        if elements <= FLAT_STATS_MAX_ELEMENTS:
             flat = ops.concatenate([ops.reshape(g, (-1,)) for g in present])
             zero_fraction = ops.mean(ops.cast(ops.equal(flat, 0.0), "float32"))
             sq = ops.sum(ops.square(flat))
         else:
-            total = float(sum(math.prod(g.shape) for g in present))
             zero_fraction = ops.sum(ops.stack([ops.sum(ops.cast(ops.equal(g, 0.0), "float32")) for g in present]))
-            zero_fraction = zero_fraction / total
+            zero_fraction = zero_fraction / elements
             sq = ops.sum(ops.stack([ops.sum(ops.square(g)) for g in present]))
         finite = ops.isfinite(sq)
         if self.mode == "none":  # Plain Keras applies every step.

@@ -77,7 +77,14 @@ class AttemptWatcher:
 
 def run_training(job_id: str) -> str:
     settings = get_settings()
-    store = JobStore(Redis.from_url(settings.redis_url, decode_responses=True))
+    client = Redis.from_url(settings.redis_url, decode_responses=True)
+    try:
+        return _attempt(JobStore(client), job_id, settings)
+    finally:
+        client.close()  # a worker runs many jobs: one connection pool per job would pile up
+
+
+def _attempt(store: JobStore, job_id: str, settings: Settings) -> str:
     job = store.get(job_id)
     if job is None or job.state is not JobState.QUEUED:
         return f"skipped: {'missing' if job is None else job.state.value}"

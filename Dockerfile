@@ -1,6 +1,7 @@
 # Two images from one file:
 #   docker build --target api    -t mpjobs-api .     # FastAPI, no TensorFlow
 #   docker build --target worker -t mpjobs-worker .  # GPU TensorFlow (CUDA wheels from PyPI)
+#   docker build --target tensorboard -t mpjobs-tb . # TensorBoard over the artifacts volume
 FROM python:3.11-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /srv
@@ -24,3 +25,11 @@ RUN useradd --create-home mpjobs && mkdir -p /data/artifacts /data/datasets && c
 USER mpjobs
 ENV ARTIFACTS_DIR=/data/artifacts DATA_ROOT=/data/datasets TF_CPP_MIN_LOG_LEVEL=2
 CMD ["python", "-m", "worker"]
+
+FROM python:3.11-slim AS tensorboard
+# The version pyproject.toml pins for the workers that write the event files.
+RUN pip install --no-cache-dir tensorboard==2.21.0
+RUN useradd --create-home mpjobs
+USER mpjobs
+EXPOSE 6006
+CMD ["tensorboard", "--logdir", "/data/artifacts", "--bind_all", "--port", "6006"]

@@ -3,10 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= cpu,dev
-INSTALLED := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma := ,
+INSTALLED := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install run test lint bench train-example clean redis-server
+.PHONY: install run test lint bench train-example clean redis-server chromium
 
 $(INSTALLED): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,7 +24,12 @@ run: install
 redis-server:
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 
-test: install redis-server lint
+# The dashboard test drives Debian's headless Chromium through Debian's chromedriver.
+chromium:
+	@(command -v chromium >/dev/null && command -v chromedriver >/dev/null) || \
+		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
+
+test: install redis-server chromium lint
 	$(PY) -m pytest -q
 
 lint: install

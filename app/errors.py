@@ -4,7 +4,8 @@ Error tree::
 
     MpjobsError
     ├── JobNotFound          HTTP 404
-    │   └── ArtifactNotFound HTTP 404
+    │   ├── ArtifactNotFound HTTP 404
+    │   └── ComparisonNotFound HTTP 404
     ├── ServiceUnavailable   HTTP 503 (Redis unreachable)
     ├── Unauthorized         HTTP 401
     ├── IdempotencyConflict  HTTP 409
@@ -50,6 +51,11 @@ class JobNotFound(MpjobsError):
 class ArtifactNotFound(JobNotFound):
     def __init__(self, job_id: str, name: str) -> None:
         MpjobsError.__init__(self, f"Job {job_id!r} has no {name} yet; it is written when the job succeeds.")
+
+
+class ComparisonNotFound(JobNotFound):
+    def __init__(self, comparison_id: str) -> None:
+        MpjobsError.__init__(self, f"No comparison with id {comparison_id!r}.")
 
 
 class ServiceUnavailable(MpjobsError):

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.limits import BodySizeLimit
-from app.api.routes import health, jobs, metrics
+from app.api.routes import comparisons, dashboard, health, jobs, metrics, prometheus
 from app.auth import parse_api_keys
 from app.config import Settings, get_settings
 from app.errors import IdempotencyConflict, JobNotFound, MpjobsError, ServiceUnavailable, Unauthorized
@@ -64,6 +64,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(metrics.router)
+    app.include_router(comparisons.router)
+    app.include_router(prometheus.router)
+    app.include_router(dashboard.router)
+    app.mount("/static", dashboard.static_files, name="static")
 
     @app.exception_handler(MpjobsError)
     async def domain_error(request: Request, exc: MpjobsError) -> JSONResponse:

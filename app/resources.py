@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from app.schemas import JobSpec, StepRecord, Summary
+from app.schemas import ComparisonSpec, Diagnosis, JobSpec, LossScale, PrecisionPolicy, StepRecord, Summary
 
 
 class JobState(str, Enum):
@@ -64,6 +64,8 @@ class Job(BaseModel):
     worker: WorkerInfo | None
     waiting_reason: str | None = None
     """Why a queued job is not starting, when no live worker listens on its queue."""
+    comparison_id: str | None = None
+    """The precision comparison this job is one variant of."""
 
 
 class JobPage(BaseModel):
@@ -102,6 +104,46 @@ class MetricsBuckets(BaseModel):
     buckets: list[Bucket]
     total_steps: int
     """Steps recorded so far, all covered by the buckets."""
+
+
+class VariantResult(BaseModel):
+    label: str
+    precision_policy: PrecisionPolicy
+    loss_scale: LossScale | None
+    baseline: bool
+    """The float32 variant every other one is measured against."""
+    job_id: str
+    state: JobState
+    progress: Progress
+    final_loss: float | None
+    loss_gap: float | None
+    """(final_loss - float32's) / |float32's|: 0.008 is 0.8% worse than float32."""
+    examples_per_sec: float | None
+    speedup: float | None
+    """examples_per_sec over float32's."""
+    skipped_steps: int | None
+    peak_zero_grad_fraction: float | None
+    diagnoses: list[Diagnosis]
+    error: JobError | None
+    device: str | None
+    """The device kind the variant trained on."""
+
+
+class Comparison(BaseModel):
+    id: str
+    name: str | None
+    created_at: str
+    state: str
+    """`running` until every variant's job has ended, then `done`."""
+    spec: ComparisonSpec
+    variants: list[VariantResult]
+    verdict: str
+    """The result in one paragraph of plain words."""
+
+
+class ComparisonPage(BaseModel):
+    comparisons: list[Comparison]
+    next_cursor: str | None
 
 
 class ErrorBody(BaseModel):

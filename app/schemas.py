@@ -292,6 +292,18 @@ DatasetSpec = Annotated[
 ]
 
 
+def loss_scale_from_mode(value: Any) -> Any:
+    """Accept a bare mode string ("dynamic") for a loss scale with default parameters."""
+    if isinstance(value, str):
+        if value not in {m.value for m in LossScaleMode}:
+            raise ValueError(
+                "loss_scale must be one of 'none', 'fixed', 'dynamic'. "
+                f"Received: loss_scale={value!r}"
+            )
+        return {"mode": value}
+    return value
+
+
 class JobSpec(_Strict):
     name: str | None = Field(None, max_length=200)
     model: ModelSpec
@@ -305,14 +317,7 @@ class JobSpec(_Strict):
     @field_validator("loss_scale", mode="before")
     @classmethod
     def _bare_mode(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            if value not in {m.value for m in LossScaleMode}:
-                raise ValueError(
-                    "loss_scale must be one of 'none', 'fixed', 'dynamic'. "
-                    f"Received: loss_scale={value!r}"
-                )
-            return {"mode": value}
-        return value
+        return loss_scale_from_mode(value)
 
     @model_validator(mode="after")
     def _default_loss_scale(self) -> JobSpec:
@@ -324,6 +329,91 @@ class JobSpec(_Strict):
             )
             object.__setattr__(self, "loss_scale", default)
         return self
+
+
+# --- precision comparisons ----------------------------------------------------
+
+MAX_VARIANTS = 8
+DEFAULT_MATCH_TOLERANCE = 0.02
+"""A variant "matches" float32 when its final loss is within this fraction of float32's."""
+
+
+class Variant(_Strict):
+    """One arm of a comparison: the spec's precision policy and loss scaling replaced by these."""
+
+    precision_policy: PrecisionPolicy
+    loss_scale: LossScale | None = None
+    """None means the default for the policy, as in a job spec."""
+
+    @field_validator("loss_scale", mode="before")
+    @classmethod
+    def _bare_mode(cls, value: Any) -> Any:
+        return loss_scale_from_mode(value)
+
+    def resolved(self) -> Variant:
+        """With the policy's default loss scaling filled in, as the job will run."""
+        probe = JobSpec.model_validate({"model": {"name": "mlp"}, "precision_policy": self.precision_policy,
+                                        "loss_scale": self.loss_scale})
+        return Variant(precision_policy=self.precision_policy, loss_scale=probe.loss_scale)
+
+    @property
+    def label(self) -> str:
+        """"float32", "mixed_float16 + dynamic", "mixed_float16 + fixed 1024"."""
+        scale = self.loss_scale
+        if scale is None or (scale.mode == "none" and self.precision_policy.compute_dtype != "float16"):
+            return self.precision_policy.value
+        if isinstance(scale, FixedLossScale):
+            return f"{self.precision_policy.value} + fixed {scale.scale:g}"
+        return f"{self.precision_policy.value} + {scale.mode}"
+
+
+DEFAULT_VARIANTS = (
+    Variant(precision_policy=PrecisionPolicy.FLOAT32),
+    Variant(precision_policy=PrecisionPolicy.MIXED_FLOAT16, loss_scale=DynamicLossScale()),
+    Variant(precision_policy=PrecisionPolicy.MIXED_FLOAT16, loss_scale=NoLossScale()),
+    Variant(precision_policy=PrecisionPolicy.MIXED_BFLOAT16),
+)
+
+
+class ComparisonSpec(_Strict):
+    """Run `spec` once per variant, same seed and data; float32 is the baseline.
+
+    The spec's own `precision_policy` and `loss_scale` are replaced by each variant's.
+    """
+
+    name: str | None = Field(None, max_length=200)
+    spec: JobSpec
+    variants: list[Variant] | None = Field(None, min_length=2, max_length=MAX_VARIANTS, validate_default=True)
+    """None means float32, mixed_float16 + dynamic, mixed_float16 + none and mixed_bfloat16."""
+    tolerance: float = Field(DEFAULT_MATCH_TOLERANCE, gt=0.0, le=1.0)
+    """Largest relative gap to float32's final loss that still counts as a match."""
+
+    @field_validator("variants", mode="after")
+    @classmethod
+    def _baseline_and_distinct(cls, value: list[Variant] | None) -> list[Variant]:
+        variants = [v.resolved() for v in (value or DEFAULT_VARIANTS)]
+        if not any(v.precision_policy is PrecisionPolicy.FLOAT32 for v in variants):
+            raise ValueError("variants must include a 'float32' variant: it is the baseline every other "
+                             "variant is compared with.")
+        seen: dict[str, int] = {}
+        for index, variant in enumerate(variants):
+            if variant.label in seen:
+                raise ValueError(f"variants[{index}] repeats variants[{seen[variant.label]}] "
+                                 f"({variant.label!r}); each variant must differ.")
+            seen[variant.label] = index
+        return variants
+
+    def job_specs(self) -> list[JobSpec]:
+        """One job spec per variant, named after the comparison and the variant."""
+        base = self.spec.model_dump(mode="json")
+        specs = []
+        for variant in self.variants or ():
+            name = f"{self.name or self.spec.name or 'comparison'} · {variant.label}"[:200]
+            specs.append(JobSpec.model_validate({
+                **base, "name": name, "precision_policy": variant.precision_policy.value,
+                "loss_scale": None if variant.loss_scale is None else variant.loss_scale.model_dump(mode="json"),
+            }))
+        return specs
 
 
 # --- telemetry --------------------------------------------------------------

@@ -8,12 +8,13 @@ from pathlib import Path
 from redis import Redis
 from rq import Queue, Worker
 
+from app import comparisons
 from app import queue as queues
 from app.config import Settings
-from app.errors import ArtifactNotFound, IdempotencyConflict, JobNotFound, ServiceUnavailable
-from app.resources import Health, Job, JobPage, JobState, MetricsBuckets, MetricsPage
-from app.schemas import JobSpec
-from app.store import JobStore
+from app.errors import ArtifactNotFound, ComparisonNotFound, IdempotencyConflict, JobNotFound, ServiceUnavailable
+from app.resources import Comparison, ComparisonPage, Health, Job, JobPage, JobState, MetricsBuckets, MetricsPage
+from app.schemas import ComparisonSpec, JobSpec
+from app.store import ComparisonRecord, JobStore
 
 MODEL_ARTIFACT = "model.keras"
 MAX_PAGE = 10_000
@@ -108,3 +109,45 @@ def readiness(rq_redis: Redis) -> Health:
         name: Worker.count(connection=rq_redis, queue=Queue(name, connection=rq_redis)) for name in queues.QUEUES
     }
     return Health(status="ok" if any(workers.values()) else "no_workers", redis="ok", workers=workers)
+
+
+# -- precision comparisons ---------------------------------------------------------
+
+
+def submit_comparison(store: JobStore, rq_redis: Redis, spec: ComparisonSpec, tenant: str) -> Comparison:
+    """Queue one job per variant, same seed and data, all or none."""
+    jobs = [(job_spec, queues.queue_for(job_spec)) for job_spec in spec.job_specs()]
+    comparison_id = store.create_comparison(
+        spec, tenant, jobs, lambda job_id, job_spec, pipe: queues.enqueue(rq_redis, job_spec, job_id, pipe),
+        rq_redis.pipeline(transaction=True))
+    return get_comparison(store, comparison_id, tenant)
+
+
+def _report(store: JobStore, record: ComparisonRecord) -> Comparison:
+    jobs = store.get_many(record.job_ids)
+    if any(job is None for job in jobs):
+        raise ComparisonNotFound(record.id)  # its jobs were deleted from Redis by hand
+    return comparisons.build(record.id, record.name, record.created_at, record.spec,
+                             [job for job in jobs if job is not None])
+
+
+def get_comparison(store: JobStore, comparison_id: str, tenant: str) -> Comparison:
+    record = store.get_comparison(comparison_id, tenant)
+    if record is None:
+        raise ComparisonNotFound(comparison_id)
+    return _report(store, record)
+
+
+def list_comparisons(store: JobStore, tenant: str, limit: int, cursor: int | None) -> ComparisonPage:
+    records, next_cursor = store.list_comparisons(tenant, limit, cursor)
+    return ComparisonPage(comparisons=[_report(store, record) for record in records],
+                          next_cursor=None if next_cursor is None else str(next_cursor))
+
+
+def cancel_comparison(store: JobStore, rq_redis: Redis, comparison_id: str, tenant: str) -> Comparison:
+    """Cancel every variant that has not ended."""
+    report = get_comparison(store, comparison_id, tenant)
+    for variant in report.variants:
+        if not variant.state.terminal:
+            cancel(store, rq_redis, variant.job_id, tenant)
+    return get_comparison(store, comparison_id, tenant)

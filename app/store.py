@@ -11,6 +11,10 @@ Keys (prefix `mpjobs:`):
     job:{id}:lease      string the running attempt's lease, renewed while it lives
     running             set    ids of running jobs, for the reaper
     seq                 string creation sequence counter
+    tenants             set    every tenant that has created a job (for /metrics)
+    stats               hash   counters since the database began: steps, skipped_steps, diagnoses:{code}
+    cmp:{id}            hash   a precision comparison: its spec and its variants' job ids
+    cmps:{tenant}       zset   the tenant's comparison ids, scored by creation sequence
 
 Shared by the API and the worker; it imports neither FastAPI nor TensorFlow.
 """
@@ -23,6 +27,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -42,7 +47,7 @@ from app.resources import (
     WorkerInfo,
 )
 from app.rollup import ROLLUP_STEPS, Rollup, bucketize
-from app.schemas import JobSpec, StepRecord, Summary
+from app.schemas import ComparisonSpec, JobSpec, StepRecord, Summary
 
 PREFIX = "mpjobs:"
 IDEMPOTENCY_TTL_S = 24 * 3600
@@ -107,6 +112,16 @@ end
 return removed
 """
 
+# Count each diagnosis code once per job: a flag on the job, then the counter.
+_COUNT_DIAGNOSES = """
+for _, code in ipairs(ARGV) do
+  if redis.call('HSETNX', KEYS[1], 'counted:' .. code, 1) == 1 then
+    redis.call('HINCRBY', KEYS[2], 'diagnoses:' .. code, 1)
+  end
+end
+return 0
+"""
+
 
 def job_key(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}"
@@ -128,7 +143,32 @@ def lease_key(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:lease"
 
 
+def comparison_key(comparison_id: str) -> str:
+    return f"{PREFIX}cmp:{comparison_id}"
+
+
+def comparison_index_key(tenant: str) -> str:
+    return f"{PREFIX}cmps:{tenant}"
+
+
 RUNNING = f"{PREFIX}running"
+SEQ = f"{PREFIX}seq"
+TENANTS = f"{PREFIX}tenants"
+STATS = f"{PREFIX}stats"
+
+
+@dataclass(frozen=True)
+class ComparisonRecord:
+    id: str
+    name: str | None
+    created_at: str
+    spec: ComparisonSpec
+    job_ids: list[str]
+
+
+def _comparison_record(raw: dict[str, str]) -> ComparisonRecord:
+    return ComparisonRecord(id=raw["id"], name=json.loads(raw["name"]), created_at=raw["created_at"],
+                            spec=ComparisonSpec.model_validate_json(raw["spec"]), job_ids=json.loads(raw["jobs"]))
 
 
 def index_key(tenant: str, state: JobState | None = None) -> str:
@@ -147,6 +187,7 @@ class JobStore:
         self._transition = redis.register_script(_TRANSITION)
         self._reap = redis.register_script(_REAP)
         self._rewind = redis.register_script(_REWIND)
+        self._count_diagnoses = redis.register_script(_COUNT_DIAGNOSES)
 
     # -- records -------------------------------------------------------------
 
@@ -157,21 +198,74 @@ class JobStore:
         RQ opens the MULTI itself, so `enqueue` goes first.
         """
         job_id = job_id or uuid.uuid4().hex
-        seq = int(self.redis.incr(f"{PREFIX}seq"))
-        at = clock.iso()
         with pipe:
             enqueue(job_id, pipe)
-            pipe.hset(job_key(job_id), mapping={
-                "id": job_id, "seq": seq, "tenant": tenant, "state": JobState.QUEUED.value, "queue": queue,
-                "name": json.dumps(spec.name), "spec": spec.model_dump_json(), "created_at": at,
-                "attempt": 0, "step": 0, "total_steps": spec.training.steps, "rq_job": job_id,
-            })
-            pipe.xadd(events_key(job_id), {"state": JobState.QUEUED.value, "at": at,
-                                           "message": f"queued on '{queue}'"})
-            pipe.zadd(index_key(tenant), {job_id: seq})
-            pipe.zadd(index_key(tenant, JobState.QUEUED), {job_id: seq})
+            self._write_job(pipe, job_id, spec, tenant, queue)
             pipe.execute()
         return job_id
+
+    def _write_job(self, pipe: Pipeline, job_id: str, spec: JobSpec, tenant: str, queue: str,
+                   comparison_id: str | None = None) -> None:
+        seq = int(self.redis.incr(SEQ))
+        at = clock.iso()
+        record: dict[str, Any] = {
+            "id": job_id, "seq": seq, "tenant": tenant, "state": JobState.QUEUED.value, "queue": queue,
+            "name": json.dumps(spec.name), "spec": spec.model_dump_json(), "created_at": at,
+            "attempt": 0, "step": 0, "total_steps": spec.training.steps, "rq_job": job_id,
+        }
+        if comparison_id is not None:
+            record["comparison"] = comparison_id
+        pipe.hset(job_key(job_id), mapping=record)
+        pipe.xadd(events_key(job_id), {"state": JobState.QUEUED.value, "at": at, "message": f"queued on '{queue}'"})
+        pipe.zadd(index_key(tenant), {job_id: seq})
+        pipe.zadd(index_key(tenant, JobState.QUEUED), {job_id: seq})
+        pipe.sadd(TENANTS, tenant)
+
+    def create_comparison(self, spec: ComparisonSpec, tenant: str, jobs: Sequence[tuple[JobSpec, str]],
+                          enqueue: Callable[[str, JobSpec, Pipeline], None], pipe: Pipeline) -> str:
+        """Every variant's job and the comparison record in one MULTI/EXEC: all or none."""
+        comparison_id = uuid.uuid4().hex
+        job_ids = [uuid.uuid4().hex for _ in jobs]
+        with pipe:
+            for job_id, (job_spec, queue) in zip(job_ids, jobs, strict=True):
+                enqueue(job_id, job_spec, pipe)
+                self._write_job(pipe, job_id, job_spec, tenant, queue, comparison_id)
+            seq = int(self.redis.incr(SEQ))
+            pipe.hset(comparison_key(comparison_id), mapping={
+                "id": comparison_id, "seq": seq, "tenant": tenant, "name": json.dumps(spec.name),
+                "created_at": clock.iso(), "spec": spec.model_dump_json(), "jobs": json.dumps(job_ids),
+            })
+            pipe.zadd(comparison_index_key(tenant), {comparison_id: seq})
+            pipe.execute()
+        return comparison_id
+
+    def get_comparison(self, comparison_id: str, tenant: str) -> ComparisonRecord | None:
+        raw = self.redis.hgetall(comparison_key(comparison_id))
+        if not raw or raw.get("tenant") != tenant:
+            return None
+        return _comparison_record(raw)
+
+    def list_comparisons(self, tenant: str, limit: int, cursor: int | None
+                         ) -> tuple[list[ComparisonRecord], int | None]:
+        """The tenant's comparisons, newest first; `cursor` continues below a sequence number."""
+        top = f"({cursor}" if cursor is not None else "+inf"
+        found = self.redis.zrevrangebyscore(comparison_index_key(tenant), top, "-inf", start=0, num=limit + 1,
+                                            withscores=True)
+        page, more = found[:limit], len(found) > limit
+        with self.redis.pipeline(transaction=False) as pipe:
+            for comparison_id, _ in page:
+                pipe.hgetall(comparison_key(comparison_id))
+            raws = pipe.execute()
+        return [_comparison_record(raw) for raw in raws if raw], (int(page[-1][1]) if more and page else None)
+
+    def get_many(self, job_ids: Sequence[str]) -> list[Job | None]:
+        """Several jobs in one round trip; None for any that does not exist."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hgetall(job_key(job_id))
+                pipe.xrange(events_key(job_id))
+            results = pipe.execute()
+        return [self._job(raw, ev) if raw else None for raw, ev in zip(results[::2], results[1::2], strict=True)]
 
     def claim_idempotency_key(self, tenant: str, key: str, fingerprint: str) -> tuple[bool, str, str]:
         """SET NX a new job id under the key. Returns (claimed, fingerprint, job_id) of the holder."""
@@ -218,6 +312,7 @@ class JobStore:
             error=JobError.model_validate_json(raw["error"]) if raw.get("error") else None,
             attempt=int(raw["attempt"]),
             worker=WorkerInfo.model_validate_json(raw["worker"]) if raw.get("worker") else None,
+            comparison_id=raw.get("comparison"),
         )
 
     def list(self, tenant: str, state: JobState | None, limit: int, cursor: int | None
@@ -304,6 +399,42 @@ class JobStore:
             # A resent batch: a step id Redis already holds was written the first time.
             if isinstance(result, redis.ResponseError) and "equal or smaller" not in str(result):
                 raise result
+        written = [r for r, result in zip(records, results, strict=False) if not isinstance(result, Exception)]
+        if written:
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hincrby(STATS, "steps", len(written))
+                pipe.hincrby(STATS, "skipped_steps", sum(r.skipped for r in written))
+                pipe.execute()
+
+    def count_diagnoses(self, job_id: str, codes: Iterable[str]) -> None:
+        """Count each diagnosis once per job in `stats`, however often its summary is written."""
+        if codes:
+            self._count_diagnoses(keys=[job_key(job_id), STATS], args=sorted(set(codes)))
+
+    def stats(self) -> dict[str, int]:
+        return {str(k): int(v) for k, v in self.redis.hgetall(STATS).items()}
+
+    def jobs_by_state(self) -> dict[JobState, int]:
+        """Jobs in each state, over every tenant."""
+        tenants = sorted(self.redis.smembers(TENANTS))
+        with self.redis.pipeline(transaction=False) as pipe:
+            for tenant in tenants:
+                for state in JobState:
+                    pipe.zcard(index_key(tenant, state))
+            counts = pipe.execute()
+        totals = dict.fromkeys(JobState, 0)
+        for i, count in enumerate(counts):
+            totals[list(JobState)[i % len(JobState)]] += int(count)
+        return totals
+
+    def latest_records(self, job_ids: Sequence[str]) -> dict[str, StepRecord]:
+        """Each job's newest step record, for those that have one."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.xrevrange(metrics_key(job_id), count=1)
+            found = pipe.execute()
+        return {job_id: StepRecord.model_validate_json(last[0][1]["r"])
+                for job_id, last in zip(job_ids, found, strict=True) if last}
 
     def read_metrics(self, job_id: str, after: int, limit: int) -> MetricsPage:
         entries = self.redis.xrange(metrics_key(job_id), min=f"({after}-0", max="+", count=limit)

@@ -54,9 +54,20 @@ def test_cpu_worker_is_an_optional_profile() -> None:
 def test_dockerfile_api_image_has_no_tensorflow() -> None:
     text = (ROOT / "Dockerfile").read_text()
     stages = dict(re.findall(r"^FROM \S+ AS (\w+)\n(.*?)(?=^FROM |\Z)", text, flags=re.M | re.S))
-    assert set(stages) == {"base", "api", "worker"}
+    assert set(stages) == {"base", "api", "worker", "tensorboard"}
     assert "pip install ." in stages["api"] and "[" not in stages["api"].split("pip install")[1].splitlines()[0]
     assert 'pip install ".[${EXTRAS}]"' in stages["worker"] and "ARG EXTRAS=gpu" in stages["worker"]
+
+
+def test_tensorboard_is_an_optional_loopback_profile_over_the_artifacts() -> None:
+    board = compose()["services"]["tensorboard"]
+    assert board["profiles"] == ["tensorboard"] and board["build"]["target"] == "tensorboard"
+    assert board["volumes"] == ["artifacts:/data/artifacts:ro"]
+    assert board["ports"] == ["127.0.0.1:6006:6006"], "it shows every tenant's runs: loopback only"
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    pinned = re.search(r'"(tensorboard==[\d.]+)"', (ROOT / "pyproject.toml").read_text())
+    assert pinned and f"pip install --no-cache-dir {pinned.group(1)}" in dockerfile
+    assert '"--logdir", "/data/artifacts"' in dockerfile
 
 
 def test_env_example_lists_every_setting() -> None:

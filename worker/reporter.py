@@ -32,6 +32,8 @@ class RedisReporter:
         self.pending: list[StepRecord] = []
         self.pending_rollups: list[tuple[int, Rollup]] = []
         self.outage = False
+        self.counted: set[str] = set()
+        """Diagnosis codes already counted in the store's stats."""
 
     def _resume_partial(self) -> Rollup:
         """Rebuild the unfinished rollup from steps already stored (a resumed attempt)."""
@@ -64,7 +66,11 @@ class RedisReporter:
         self.pending, self.pending_rollups, self.outage = [], [], False
 
     def summary(self, summary: Summary) -> None:
+        codes = {d.code for d in summary.diagnoses}
         try:
             self.store.set_fields(self.job_id, summary=summary.model_dump_json())
+            if codes - self.counted:
+                self.store.count_diagnoses(self.job_id, codes)
+                self.counted |= codes
         except UNAVAILABLE:
             self.outage = True  # the next summary, or the final transition, carries it

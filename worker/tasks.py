@@ -28,6 +28,9 @@ from worker import checkpoint
 from worker.devices import detect_device
 from worker.engine import release_memory, run_job
 from worker.reporter import RedisReporter
+from worker.telemetry import FanOut
+from worker.tensorboard import LOGDIR as TENSORBOARD_LOGDIR
+from worker.tensorboard import TensorBoardReporter
 
 log = logging.getLogger("mpjobs.worker")
 T = TypeVar("T")
@@ -110,7 +113,7 @@ def _attempt(store: JobStore, job_id: str, settings: Settings) -> str:
     if not moved:
         return f"skipped: {now_state.value if now_state else 'missing'}"
     try:
-        return _train(store, job_id, job.spec, out, owner, settings)
+        return _train(store, job_id, job.spec, out, owner, settings, resume_from)
     finally:
         release_memory()  # a canceled or failed job leaves no model in the worker
         _through_outage(lambda: store.drop_lease(job_id))
@@ -130,10 +133,13 @@ def _through_outage(write: Callable[[], T]) -> T:
             delay = min(delay * 2, 5.0)
 
 
-def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, settings: Settings) -> str:
+def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, settings: Settings,
+           resume_from: int) -> str:
+    board = TensorBoardReporter(out / TENSORBOARD_LOGDIR, resume_step=resume_from)
+    reporter = FanOut(RedisReporter(store, job_id), board)
     with AttemptWatcher(store, job_id, owner, settings.lease_s) as watcher:
         try:
-            result = run_job(spec, reporter=RedisReporter(store, job_id), checkpoint_dir=out,
+            result = run_job(spec, reporter=reporter, checkpoint_dir=out,
                              should_stop=watcher.cancel_requested.is_set, settings=settings)
         except JobFailed as exc:
             _fail(store, job_id, exc.reason.value, exc.message)
@@ -142,6 +148,8 @@ def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, s
             log.exception("job %s crashed", job_id)
             _fail(store, job_id, FailureReason.INTERNAL.value, f"{type(exc).__name__}: {exc}"[:500])
             return "failed: internal"
+        finally:
+            board.close()
     done = result.summary.steps_done
     if result.status == "stopped":
         _through_outage(lambda: store.transition(
@@ -151,6 +159,7 @@ def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, s
     _through_outage(lambda: store.transition(
         job_id, JobState.SUCCEEDED, [JobState.RUNNING], f"finished {done} steps",
         summary=result.summary.model_dump_json()))
+    _through_outage(lambda: store.count_diagnoses(job_id, [d.code for d in result.summary.diagnoses]))
     return "succeeded"
 
 

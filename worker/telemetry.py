@@ -50,6 +50,21 @@ class ListReporter:
         self.summaries.append(summary)
 
 
+class FanOut:
+    """A Reporter that hands every batch and summary to each of `reporters` in turn."""
+
+    def __init__(self, *reporters: Reporter) -> None:
+        self.reporters = reporters
+
+    def steps(self, records: Sequence[StepRecord]) -> None:
+        for reporter in self.reporters:
+            reporter.steps(records)
+
+    def summary(self, summary: Summary) -> None:
+        for reporter in self.reporters:
+            reporter.summary(summary)
+
+
 @keras.saving.register_keras_serializable(package="mpjobs")
 class BatchLoss(keras.metrics.Metric):
     """The loss of the current batch alone, unscaled (Keras's `loss` is a running mean)."""

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Query, Response, status
+
+from app import services
+from app.api.deps import RQRedisDep, StoreDep, TenantDep
+from app.resources import ERROR_RESPONSES, Comparison, ComparisonPage, ErrorBody
+from app.schemas import ComparisonSpec
+
+router = APIRouter(prefix="/comparisons", tags=["comparisons"], responses=ERROR_RESPONSES)
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorBody, "description": "No such comparison (or another tenant's)"},
+}
+
+EXAMPLES = {
+    "default": {
+        "summary": "mlp: float32, mixed_float16 + dynamic, mixed_float16 + none, mixed_bfloat16",
+        "value": {"spec": {"model": {"name": "mlp"}, "training": {"steps": 200}}},
+    },
+    "underflow": {
+        "summary": "The zero-gradient model: does float16 need loss scaling?",
+        "value": {"name": "unet underflow", "spec": {"model": {"name": "conv3d_unet"}, "training": {"steps": 20}},
+                  "variants": [{"precision_policy": "float32"},
+                               {"precision_policy": "mixed_float16", "loss_scale": "none"},
+                               {"precision_policy": "mixed_float16", "loss_scale": {"mode": "fixed", "scale": 1024}},
+                               {"precision_policy": "mixed_float16", "loss_scale": "dynamic"}]},
+    },
+}
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Comparison)
+def submit_comparison(spec: Annotated[ComparisonSpec, Body(openapi_examples=EXAMPLES)], store: StoreDep,
+                      redis: RQRedisDep, tenant: TenantDep, response: Response) -> Comparison:
+    """Run the spec once per precision variant, same seed and data, and compare each with float32."""
+    comparison = services.submit_comparison(store, redis, spec, tenant)
+    response.headers["Location"] = f"/comparisons/{comparison.id}"
+    return comparison
+
+
+@router.get("", response_model=ComparisonPage)
+def list_comparisons(
+    store: StoreDep, tenant: TenantDep, limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: Annotated[int | None, Query(ge=0, description="next_cursor of the previous page")] = None,
+) -> ComparisonPage:
+    return services.list_comparisons(store, tenant, limit, cursor)
+
+
+@router.get("/{comparison_id}", response_model=Comparison, responses=NOT_FOUND)
+def get_comparison(comparison_id: str, store: StoreDep, tenant: TenantDep) -> Comparison:
+    """Per variant: final loss and its gap to float32, examples/s and speedup, skips, zero gradients,
+    diagnoses; then the verdict in words."""
+    return services.get_comparison(store, comparison_id, tenant)
+
+
+@router.delete("/{comparison_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Comparison,
+               responses=NOT_FOUND)
+def cancel_comparison(comparison_id: str, store: StoreDep, redis: RQRedisDep, tenant: TenantDep) -> Comparison:
+    return services.cancel_comparison(store, redis, comparison_id, tenant)

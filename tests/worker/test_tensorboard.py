@@ -1,0 +1,48 @@
+"""TensorBoard event files: one scalar per step per tag, also across a resumed attempt."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from app.schemas import StepRecord
+from worker.tensorboard import TAGS, TensorBoardReporter
+
+
+def record(step: int, loss: float | None) -> StepRecord:
+    return StepRecord(step=step, loss=loss, loss_scale=2.0**15, grad_norm=None if loss is None else 1.0,
+                      grads_finite=loss is not None, skipped=loss is None, zero_grad_fraction=0.0,
+                      learning_rate=1e-3, examples_per_sec=100.0, step_time_ms=1.0, time=1_700_000_000.0 + step)
+
+
+def read(logdir: Path) -> EventAccumulator:
+    events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    events.Reload()
+    return events
+
+
+def test_every_tag_once_per_step_and_non_finite_shown_as_nan(tmp_path: Path) -> None:
+    board = TensorBoardReporter(tmp_path)
+    board.steps([record(1, 2.0), record(2, None)])
+    board.steps([record(3, 1.5)])
+    board.close()
+    events = read(tmp_path)
+    assert set(events.Tags()["scalars"]) == set(TAGS)
+    loss = events.Scalars("loss")
+    assert [e.step for e in loss] == [1, 2, 3]
+    assert loss[0].value == 2.0 and math.isnan(loss[1].value) and loss[2].value == 1.5
+    assert [e.value for e in events.Scalars("skipped")] == [0.0, 1.0, 0.0]
+
+
+def test_resumed_attempt_replaces_the_lost_attempts_steps(tmp_path: Path) -> None:
+    first = TensorBoardReporter(tmp_path)
+    first.steps([record(step, 10.0) for step in range(1, 16)])  # died at 15; checkpoint at 10
+    first.close()
+    second = TensorBoardReporter(tmp_path, resume_step=10)
+    second.steps([record(step, 1.0) for step in range(11, 21)])
+    second.close()
+    loss = read(tmp_path).Scalars("loss")
+    assert [e.step for e in loss] == list(range(1, 21))
+    assert [e.value for e in loss] == [10.0] * 10 + [1.0] * 10

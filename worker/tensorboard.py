@@ -1,0 +1,77 @@
+"""TensorBoard event files for every run: `tensorboard --logdir <artifacts>` shows each job.
+
+Events are built and written on a thread of their own, so the training step
+never pays for protobufs or disk. Only the `tensorboard` package is needed,
+not TensorFlow: the same writer serves the TensorFlow and JAX backends.
+
+A resumed attempt starts its file with a `SessionLog.START` at the step after
+its checkpoint; TensorBoard then drops the points the lost attempt wrote past
+that step, so each step keeps one value per tag.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+from tensorboard.compat.proto.summary_pb2 import Summary as TbSummary
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+from app.schemas import StepRecord, Summary
+
+log = logging.getLogger("mpjobs.worker")
+
+LOGDIR = "tensorboard"
+"""The event files' folder under a job's artifacts folder."""
+TAGS = ("loss", "loss_scale", "grad_norm", "zero_grad_fraction", "examples_per_sec", "skipped")
+FLUSH_SECS = 2
+
+
+def _value(record: StepRecord, tag: str) -> float:
+    value = getattr(record, tag)
+    return math.nan if value is None else float(value)  # a non-finite loss is shown, not left out
+
+
+def step_event(record: StepRecord) -> Event:
+    values = [TbSummary.Value(tag=tag, simple_value=_value(record, tag)) for tag in TAGS]
+    return Event(wall_time=record.time, step=record.step, summary=TbSummary(value=values))
+
+
+class TensorBoardReporter:
+    """A Reporter: each step record becomes one event holding every tag's scalar."""
+
+    def __init__(self, logdir: Path, resume_step: int = 0) -> None:
+        logdir.mkdir(parents=True, exist_ok=True)
+        self.logdir = logdir
+        self._writer = EventFileWriter(str(logdir), flush_secs=FLUSH_SECS, filename_suffix=".mpjobs")
+        self._queue: queue.SimpleQueue[Sequence[StepRecord] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._write, name="tensorboard-writer", daemon=True)
+        if resume_step:
+            self._writer.add_event(Event(step=resume_step + 1, session_log=SessionLog(status=SessionLog.START)))
+        self._thread.start()
+
+    def _write(self) -> None:
+        while (records := self._queue.get()) is not None:
+            try:
+                for record in records:
+                    self._writer.add_event(step_event(record))
+            except Exception:  # a full disk must not fail training; the metrics are also in Redis
+                log.exception("writing TensorBoard events to %s failed", self.logdir)
+
+    def steps(self, records: Sequence[StepRecord]) -> None:
+        self._queue.put(list(records))
+
+    def summary(self, summary: Summary) -> None:
+        """The summary is in the job record; TensorBoard gets the per-step scalars."""
+
+    def close(self) -> None:
+        """Write what is queued, then flush and close the file."""
+        self._queue.put(None)
+        self._thread.join()
+        self._writer.close()
+

@@ -85,7 +85,9 @@ def keyed_api(stack: Stack) -> Iterator[str]:
 
 def test_keys_are_required_everywhere_but_healthz(keyed_api: str) -> None:
     assert httpx.get(f"{keyed_api}/healthz").status_code == 200
-    for path in ["/jobs", "/jobs/x", "/readyz", "/jobs/x/metrics"]:
+    # Open by design: the dashboard's page (it asks for the key) and Prometheus's scrape.
+    assert httpx.get(f"{keyed_api}/").status_code == 200 and httpx.get(f"{keyed_api}/metrics").status_code == 200
+    for path in ["/jobs", "/jobs/x", "/readyz", "/jobs/x/metrics", "/comparisons", "/comparisons/x"]:
         response = httpx.get(keyed_api + path)
         assert response.status_code == 401, path
         assert response.headers["www-authenticate"] == "Bearer"
@@ -109,3 +111,19 @@ def test_tenant_b_gets_404_on_every_endpoint_of_tenant_a(stack: Stack, keyed_api
     first_a = a.post("/jobs", json=SPEC, headers={"Idempotency-Key": "shared"}).json()["id"]
     first_b = b.post("/jobs", json=SPEC, headers={"Idempotency-Key": "shared"}).json()["id"]
     assert first_a != first_b
+
+
+def test_tenant_b_cannot_see_or_cancel_tenant_a_comparison(stack: Stack, keyed_api: str) -> None:
+    a = httpx.Client(base_url=keyed_api, headers={"Authorization": "Bearer key-a"}, timeout=30)
+    b = httpx.Client(base_url=keyed_api, headers={"Authorization": "Bearer key-b"}, timeout=30)
+    created = a.post("/comparisons", json={"spec": SPEC, "variants": [
+        {"precision_policy": "float32"}, {"precision_policy": "mixed_bfloat16"}]})
+    assert created.status_code == 201, created.text
+    comparison = created.json()
+    assert b.get(f"/comparisons/{comparison['id']}").status_code == 404
+    assert b.delete(f"/comparisons/{comparison['id']}").status_code == 404
+    assert comparison["id"] not in {c["id"] for c in b.get("/comparisons").json()["comparisons"]}
+    for variant in comparison["variants"]:
+        assert b.get(f"/jobs/{variant['job_id']}").status_code == 404
+        stack.wait_for_state(a, variant["job_id"], {"succeeded"})
+    assert a.get(f"/comparisons/{comparison['id']}").json()["state"] == "done"

@@ -6,7 +6,7 @@ EXTRAS ?= cpu,dev
 comma := ,
 INSTALLED := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install run test lint bench train-example clean redis-server chromium
+.PHONY: install run test lint bench bench-tools train-example clean redis-server chromium
 
 $(INSTALLED): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,15 +29,21 @@ chromium:
 	@(command -v chromium >/dev/null && command -v chromedriver >/dev/null) || \
 		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
 
-test: install redis-server chromium lint
+test: install redis-server chromium bench-tools lint
 	$(PY) -m pytest -q
 
 lint: install
 	$(VENV)/bin/ruff check app worker tests bench
 	$(VENV)/bin/mypy
 
-bench: install
-	$(PY) -m bench.engine_overhead
+# Load generators for the benchmarks: wrk, and redis-benchmark (Debian's redis-tools).
+bench-tools:
+	@(command -v wrk >/dev/null && command -v redis-benchmark >/dev/null) || \
+		(apt-get update -qq && apt-get install -y -qq wrk redis-tools)
+
+# Every CPU benchmark, one after another, in one table (docs/benchmarks.md records it).
+bench: install redis-server bench-tools
+	$(PY) -m bench
 
 # Trains the example spec locally, with no Redis: one JSON line per step.
 train-example: install

@@ -1,0 +1,129 @@
+"""Service overhead: one job through the whole service against the engine run locally.
+
+The same spec both ways. Baseline: `run_job` in this process, warm (TensorFlow
+imported, one warm-up run done), timed from the call to its return. Service:
+from just before `POST /jobs` to the moment the client reads the `end` event on
+the job's SSE stream, with a warm worker (one warm-up job done). Runs
+alternate local/service; figures are medians over the repeats.
+
+The service time is split with the timestamps the system records:
+
+- queue wait: job created (API) -> dequeued by the worker (RQ's `started_at`)
+- worker start-up: dequeued -> step 1 begins (spec load, model build, data)
+- training: step 1 begins -> last step ends
+- finishing: last step ends -> `succeeded` recorded (final checkpoint, model save)
+- delivery: `succeeded` recorded -> the client reads `end`
+
+Goal: no more than 2 s extra over the local run on a warm worker.
+
+    python -m bench.service_overhead [--repeats 5] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import redis  # noqa: E402
+from rq.job import Job as RQJob  # noqa: E402
+
+from bench.report import Row, machine, median, table  # noqa: E402
+from tests.stack import RedisServer, Stack, iter_sse  # noqa: E402
+
+GOAL_EXTRA_S = 2.0
+SPEC: dict[str, Any] = {"model": {"name": "mlp"}, "precision_policy": "float32",
+                        "training": {"steps": 300, "checkpoint_every": 100}, "dataset": {"samples": 2048}}
+PHASES = ("queue wait", "worker start-up", "training", "finishing", "delivery")
+
+
+def local_run(spec_json: dict[str, Any]) -> tuple[float, float]:
+    """(wall seconds, training seconds) of `run_job` in this (warm) process."""
+    from app.config import Settings
+    from app.schemas import JobSpec
+    from worker.engine import run_job
+    from worker.telemetry import ListReporter
+
+    spec = JobSpec.model_validate(spec_json)
+    reporter = ListReporter()
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        run_job(spec, reporter=reporter, checkpoint_dir=Path(out), settings=Settings())
+        wall = time.perf_counter() - start
+    first, last = reporter.records[0], reporter.records[-1]
+    return wall, last.time - (first.time - first.step_time_ms / 1000)
+
+
+def service_run(stack: Stack, raw: redis.Redis, spec: dict[str, Any]) -> tuple[float, dict[str, float]]:
+    with stack.client() as client:
+        start = time.time()
+        job_id = client.post("/jobs", json=spec).json()["id"]
+        for event, _, data, arrived in iter_sse(client, f"/jobs/{job_id}/metrics/stream"):
+            if event == "end":
+                assert '"succeeded"' in data, data
+                end = arrived
+                break
+        job = client.get(f"/jobs/{job_id}").json()
+        first = client.get(f"/jobs/{job_id}/metrics", params={"limit": 1}).json()["points"][0]
+        last = client.get(f"/jobs/{job_id}/metrics", params={"after": spec["training"]["steps"] - 1}
+                          ).json()["points"][0]
+    dequeued = RQJob.fetch(job_id, connection=raw).started_at
+    assert dequeued is not None
+    created = datetime.fromisoformat(job["created_at"]).timestamp()
+    finished = datetime.fromisoformat(job["finished_at"]).timestamp()
+    step1 = first["time"] - first["step_time_ms"] / 1000
+    phases = {"queue wait": dequeued.timestamp() - created, "worker start-up": step1 - dequeued.timestamp(),
+              "training": last["time"] - step1, "finishing": finished - last["time"], "delivery": end - finished}
+    return end - start, phases
+
+
+def run(quick: bool = False, repeats: int = 5) -> list[Row]:
+    spec = {**SPEC, "training": {**SPEC["training"], "steps": 60 if quick else SPEC["training"]["steps"]}}
+    repeats = 2 if quick else repeats
+    local_run(spec)  # warm: TensorFlow's graphs and the allocator, as a long-lived worker has them
+    locals_, services, extras, phases = [], [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        server = RedisServer(Path(tmp))
+        server.start()
+        stack = Stack(server, Path(tmp))
+        try:
+            stack.start_api()
+            stack.start_worker()
+            raw = redis.Redis.from_url(server.url)
+            service_run(stack, raw, spec)  # warm the worker the same way
+            for _ in range(repeats):
+                wall, _ = local_run(spec)
+                total, split = service_run(stack, raw, spec)
+                locals_.append(wall)
+                services.append(total)
+                extras.append(total - wall)
+                phases.append(split)
+        finally:
+            stack.stop()
+            server.stop()
+    local, service, extra = median(locals_), median(services), median(extras)
+    case = f"mlp float32, {spec['training']['steps']} steps"
+    rows = [Row("service overhead", f"{case}: POST -> end event", "local run_job (warm)", local, service, "s",
+                service / local, f"extra <= {GOAL_EXTRA_S:g} s (extra {extra:.2f} s)", extra <= GOAL_EXTRA_S)]
+    for name in PHASES:
+        rows.append(Row("service overhead", f"  {name}", "", None, median(p[name] for p in phases), "s", None))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    print(f"# Service overhead — {machine()}")
+    print(table(run(args.quick, args.repeats)))
+
+
+if __name__ == "__main__":
+    main()

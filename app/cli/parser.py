@@ -1,0 +1,103 @@
+"""The argparse parser: global options, the job-spec flags and one subparser per command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from app.cli.commands import cmd_cancel, cmd_compare, cmd_list, cmd_metrics, cmd_show, cmd_submit, cmd_watch
+from app.cli.spec import variant
+from app.resources import JobState
+from app.schemas import LossScaleMode, PrecisionPolicy
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+MODELS = ("mlp", "cnn", "conv3d_unet", "transformer")
+
+EXIT_CODES = """exit codes:
+  0    done; with a watched job (watch, submit --watch, cancel --wait): it succeeded
+  1    the job failed (compare: a variant failed)
+  2    usage or validation error: a bad flag, an unreadable SPEC.json, the API's 422 (each field printed)
+  3    the job was canceled (compare: a variant was)
+  4    no such job or comparison
+  5    cannot reach the API, credentials refused (401), or a server error (the API's detail is printed)
+  130  interrupted with Ctrl-C; the job keeps running (mpjobs cancel ID stops it)
+"""
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1. Received: {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mpjobs", description="Mixed-precision training jobs over the mpjobs API.",
+                                     epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default=os.environ.get("MPJOBS_URL", DEFAULT_URL),
+                        help="the API (default: $MPJOBS_URL or %(default)s)")
+    parser.add_argument("--api-key", default=os.environ.get("MPJOBS_API_KEY"),
+                        help="sent as Authorization: Bearer KEY (default: $MPJOBS_API_KEY)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP request (default: 30)")
+    # The same options after the command (`mpjobs show ID --url ...`); SUPPRESS keeps the defaults above.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument("--api-key", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    spec = argparse.ArgumentParser(add_help=False)
+    g = spec.add_argument_group("job spec: SPEC.json and/or flags; flags override the file")
+    g.add_argument("spec", nargs="?", metavar="SPEC.json", help="a job spec as JSON; - reads stdin")
+    g.add_argument("--model", choices=MODELS)
+    g.add_argument("--policy", choices=[p.value for p in PrecisionPolicy], help="precision policy")
+    g.add_argument("--loss-scale", choices=[m.value for m in LossScaleMode])
+    g.add_argument("--initial-scale", type=float, help="dynamic: the first scale")
+    g.add_argument("--growth-steps", type=int, help="dynamic: finite steps before the scale doubles")
+    g.add_argument("--scale", type=float, help="fixed: the scale")
+    g.add_argument("--steps", type=int)
+    g.add_argument("--batch-size", type=int)
+    g.add_argument("--learning-rate", type=float)
+    g.add_argument("--optimizer", choices=["adam", "adamw", "sgd", "rmsprop"])
+    g.add_argument("--seed", type=int)
+    g.add_argument("--samples", type=int, help="synthetic dataset size")
+    g.add_argument("--name")
+    g.add_argument("--device", choices=["any", "cpu", "gpu"])
+    interval = argparse.ArgumentParser(add_help=False)
+    interval.add_argument("--interval", type=float, default=5.0, help="seconds between progress lines when stderr "
+                          "is not a terminal; 0: every step (default: %(default)s)")
+
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, run: Any, help: str, parents: tuple[argparse.ArgumentParser, ...] = ()
+                ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help, parents=[common, *parents], epilog=EXIT_CODES,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub.set_defaults(run=run)
+        return sub
+
+    p = command("submit", cmd_submit, "queue a job; prints its id", (spec, interval))
+    p.add_argument("--idempotency-key", help="a retry with the same key returns the first job")
+    p.add_argument("--watch", action="store_true", help="then follow it to the end, as `watch` does")
+    p = command("list", cmd_list, "jobs, newest first")
+    p.add_argument("--state", choices=[s.value for s in JobState])
+    p.add_argument("--limit", type=positive, default=20)
+    p = command("show", cmd_show, "one job: state, spec, progress, summary, diagnoses, error")
+    p.add_argument("job_id", metavar="ID")
+    p.add_argument("--json", action="store_true", help="the raw job resource")
+    p = command("watch", cmd_watch, "follow a job's steps live, then print how it ended", (interval,))
+    p.add_argument("job_id", metavar="ID")
+    p = command("metrics", cmd_metrics, "every step record: JSON lines, or CSV with --csv")
+    p.add_argument("job_id", metavar="ID")
+    p.add_argument("--csv", action="store_true", help="CSV with a header row of the step record's fields")
+    p.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
+    p = command("cancel", cmd_cancel, "cancel a queued or running job", ())
+    p.add_argument("job_id", metavar="ID")
+    p.add_argument("--wait", action="store_true", help="wait until it has ended; exit code follows its end state")
+    p = command("compare", cmd_compare, "run one spec under several precision variants and compare them", (spec,))
+    p.add_argument("--variant", action="append", type=variant, metavar="POLICY[:MODE]",
+                   help="repeatable, e.g. float32 mixed_float16:dynamic mixed_float16:fixed=1024; default: "
+                        "float32, mixed_float16:dynamic, mixed_float16:none, mixed_bfloat16")
+    p.add_argument("--tolerance", type=float, help="largest relative loss gap that still matches float32")
+    p.add_argument("--show", metavar="ID", help="print an existing comparison instead of starting one")
+    p.add_argument("--watch", action="store_true", help="poll until every variant has ended")
+    return parser

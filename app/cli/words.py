@@ -1,0 +1,101 @@
+"""Jobs, summaries, tables and comparison reports in plain words, for a terminal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.resources import JobState
+
+
+def num(value: Any) -> str:
+    """4 significant digits; null (a non-finite value in the API) says so."""
+    return "non-finite" if value is None else f"{value:.4g}"
+
+
+def scale_num(value: Any) -> str:
+    """Loss scales are powers of two; show them whole (32768, not 3.277e+04)."""
+    return "n/a" if value is None else f"{value:.10g}"
+
+
+def duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds + 0.5), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def loss_scale_words(scale: dict[str, Any] | None) -> str:
+    if not scale or scale.get("mode") == "none":
+        return "no loss scaling"
+    if scale["mode"] == "fixed":
+        return f"fixed loss scale {scale['scale']:g}"
+    return f"dynamic loss scale from {scale['initial_scale']:g}, doubling after {scale['growth_steps']} finite steps"
+
+
+def spec_words(spec: dict[str, Any]) -> str:
+    model = spec["model"].get("name", "keras_json model")
+    t = spec["training"]
+    return (f"{model}, {spec['precision_policy']} with {loss_scale_words(spec.get('loss_scale'))}, "
+            f"{t['steps']} steps of batch {t['batch_size']}, {t['optimizer']} lr {t['learning_rate']:g}, "
+            f"device {spec['device']}")
+
+
+def summary_lines(job: dict[str, Any]) -> list[str]:
+    """How the job ended (or stands), its summary and diagnoses, in plain words."""
+    p = job["progress"]
+    lines = [f"job {job['id']} {job['state']} after {p['step']} of {p['total_steps']} steps"]
+    if job.get("error"):
+        lines.append(f"  error            {job['error']['reason']}: {job['error']['message']}")
+    s = job.get("summary")
+    if not s:
+        return [*lines, "  summary          " + ("none: no step finished" if JobState(job["state"]).terminal
+                                                    else "none yet")]
+    peak = s["peak_zero_grad_fraction"]
+    speed = s["mean_examples_per_sec"]
+    lines += [
+        f"  final loss       {num(s['final_loss'])} (mean batch loss of the last steps)",
+        f"  skipped steps    {s['skipped_steps']}",
+        f"  loss scale       min {scale_num(s['loss_scale_min'])}, max {scale_num(s['loss_scale_max'])}, "
+        f"final {scale_num(s['loss_scale_final'])}",
+        f"  peak zero grads  {'n/a' if peak is None else f'{peak:.1%}'} of gradient elements exactly zero",
+        f"  throughput       {'n/a' if speed is None else f'{speed:,.0f}'} examples/s",
+    ]
+    diagnoses = s.get("diagnoses") or []
+    lines.append("  diagnoses        " + (", ".join(d["code"] for d in diagnoses) or "none"))
+    for d in diagnoses:
+        since = f", from step {d['first_step']}" if d.get("first_step") is not None else ""
+        lines.append(f"    - {d['message']} ({d['code']}{since})")
+    return lines
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in [header, *rows])
+
+
+def _or_dash(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def comparison_report(c: dict[str, Any]) -> str:
+    rows = []
+    for v in c["variants"]:
+        gap = v.get("loss_gap")
+        rows.append([
+            v["label"] + (" (baseline)" if v.get("baseline") else ""), v["state"],
+            f"{v['progress']['step']}/{v['progress']['total_steps']}", _or_dash(v.get("final_loss"), ".4g"),
+            "0.0%" if gap is not None and abs(gap) < 0.0005 else _or_dash(gap, "+.1%"),
+            _or_dash(v.get("examples_per_sec"), ",.0f"), _or_dash(v.get("speedup"), ".2f"),
+            _or_dash(v.get("skipped_steps"), "d"), _or_dash(v.get("peak_zero_grad_fraction"), ".1%"),
+            ",".join(d["code"] for d in v.get("diagnoses") or []) or "-", v["job_id"]])
+    header = ["VARIANT", "STATE", "STEP", "FINAL LOSS", "VS FLOAT32", "EXAMPLES/S", "SPEEDUP", "SKIPPED",
+              "ZERO GRADS", "DIAGNOSES", "JOB"]
+    lines = [f"comparison {c['id']}" + (f"  {c['name']!r}" if c.get("name") else "") + f"  ({c['state']})",
+             table(header, rows)]
+    for v in c["variants"]:
+        error = v.get("error")
+        if error:
+            text = f"{error['reason']}: {error['message']}" if isinstance(error, dict) else str(error)
+            lines.append(f"  {v['label']} {v['state']}: {text}")
+    lines.append(f"verdict: {c['verdict']}")
+    return "\n".join(lines)

@@ -1,0 +1,313 @@
+"""The `mpjobs` CLI as a user runs it: a subprocess against the real API, worker and Redis."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pty
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.cli import Exit, comparison_report, summary_lines
+from app.schemas import StepRecord
+from tests.stack import ROOT, Stack, free_port, wait_until
+
+STEPS = 30
+FLOAT32 = ["--model", "mlp", "--policy", "float32", "--samples", "512"]
+LONG = [*FLOAT32, "--steps", "20000"]
+"""Runs for about a minute: long enough to cancel or interrupt, never left to finish."""
+
+
+def env() -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MPJOBS_")}
+    return {**clean, "PYTHONPATH": str(ROOT)}
+
+
+def argv(stack: Stack, *args: str) -> list[str]:
+    return [sys.executable, "-m", "app.cli", "--url", stack.base_url, *args]
+
+
+def mpjobs(stack: Stack, *args: str, stdin: str | None = None, timeout: float = 120
+           ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv(stack, *args), cwd=ROOT, env=env(), input=stdin, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def spawn(stack: Stack, log: Path, *args: str) -> subprocess.Popen[str]:
+    """A long-running CLI process; its stderr goes to `log`, its stdout to a pipe."""
+    return subprocess.Popen(argv(stack, *args), cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                            stderr=log.open("w"), text=True)
+
+
+def step_lines(stderr: str) -> list[int]:
+    return [int(m) for m in re.findall(r"^step (\d+)/", stderr, re.MULTILINE)]
+
+
+@pytest.fixture(scope="module")
+def finished(stack: Stack) -> Iterator[tuple[subprocess.CompletedProcess[str], str]]:
+    """`submit --watch` of a small float32 job, run once for the tests that read its output."""
+    done = mpjobs(stack, "submit", *FLOAT32, "--steps", str(STEPS), "--name", "cli", "--watch", "--interval", "0")
+    yield done, done.stdout.splitlines()[0]
+
+
+def test_submit_watch_runs_the_job_to_the_end_and_ends_with_its_summary(
+    finished: tuple[subprocess.CompletedProcess[str], str], client: httpx.Client
+) -> None:
+    done, job_id = finished
+    assert done.returncode == Exit.OK, done.stderr
+    assert re.fullmatch(r"[0-9a-f]{32}", job_id)
+    job = client.get(f"/jobs/{job_id}").json()
+    assert job["state"] == "succeeded" and job["name"] == "cli"
+    assert done.stdout.splitlines()[1].startswith("queued: mlp, float32 with no loss scaling, 30 steps of batch 32")
+    summary = summary_lines(job)
+    assert done.stdout.splitlines()[-len(summary):] == summary
+    assert summary[0] == f"job {job_id} succeeded after {STEPS} of {STEPS} steps"
+    assert f"final loss       {job['summary']['final_loss']:.4g}" in done.stdout
+    # Not a terminal: one plain line per step (--interval 0), each step once and in order.
+    steps = step_lines(done.stderr)
+    assert steps == list(range(steps[0], STEPS + 1)) and steps[0] <= 2, done.stderr
+    assert "\x1b[" not in done.stderr
+    assert done.stderr.rstrip().endswith("state: succeeded (finished 30 steps)")
+
+
+def test_a_failing_job_exits_1_with_its_reason(stack: Stack, client: httpx.Client) -> None:
+    spec = {"model": {"name": "mlp"}, "training": {"steps": 5}, "dataset": {"kind": "npz", "path": "missing.npz"}}
+    done = mpjobs(stack, "submit", "-", "--watch", stdin=json.dumps(spec))
+    assert done.returncode == Exit.FAILED, done.stdout + done.stderr
+    job = client.get(f"/jobs/{done.stdout.splitlines()[0]}").json()
+    assert job["state"] == "failed" and job["error"]["reason"] == "invalid_dataset"
+    assert ("  error            invalid_dataset: dataset.path 'missing.npz' does not exist under the data root."
+            in done.stdout.splitlines())
+    assert done.stdout.splitlines()[-1] == "  summary          none: no step finished"
+
+
+def test_metrics_csv_has_one_row_per_step_with_the_api_values(
+    finished: tuple[subprocess.CompletedProcess[str], str], stack: Stack, client: httpx.Client, tmp_path: Path
+) -> None:
+    _, job_id = finished
+    points = client.get(f"/jobs/{job_id}/metrics", params={"limit": 1000}).json()["points"]
+    out = tmp_path / "steps.csv"
+    done = mpjobs(stack, "metrics", job_id, "--csv", "--output", str(out))
+    assert done.returncode == Exit.OK and done.stdout == "" and done.stderr == ""
+    with out.open(newline="") as f:
+        reader = csv.reader(f)
+        header, rows = next(reader), list(reader)
+    assert header == list(StepRecord.model_fields)
+    assert [int(r[0]) for r in rows] == list(range(1, STEPS + 1))
+    for row, point in zip(rows, points, strict=True):
+        record = dict(zip(header, row, strict=True))
+        assert float(record["loss"]) == point["loss"] and float(record["grad_norm"]) == point["grad_norm"]
+        assert record["skipped"] == "false" and float(record["loss_scale"]) == 1.0
+    lines = mpjobs(stack, "metrics", job_id).stdout.splitlines()
+    assert [json.loads(line) for line in lines] == points
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--steps", "0"], "training.steps: Input should be greater than or equal to 1"),
+    (["--learning-rate", "20"], "training.learning_rate: Input should be less than or equal to 10"),
+])
+def test_a_bad_flag_value_prints_the_field_exits_2_and_writes_nothing(
+    stack: Stack, args: list[str], field: str
+) -> None:
+    before = stack.writes()
+    done = mpjobs(stack, "submit", "--model", "mlp", *args)
+    assert done.returncode == Exit.USAGE
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == ["mpjobs: the API refused the request (422):", f"  {field}"]
+    assert stack.writes() == before
+
+
+def test_a_bad_spec_file_and_a_bad_flag_type_exit_2(stack: Stack, tmp_path: Path) -> None:
+    before = stack.writes()
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"model": {"name": "mlp"}, "precision_policy": "fp8"}))
+    done = mpjobs(stack, "submit", str(spec))
+    assert done.returncode == Exit.USAGE and "  precision_policy: Input should be 'float32'" in done.stderr
+    not_a_number = mpjobs(stack, "submit", "--model", "mlp", "--steps", "ten")
+    assert not_a_number.returncode == Exit.USAGE and "argument --steps: invalid int value: 'ten'" in not_a_number.stderr
+    assert stack.writes() == before
+
+
+def test_cancel_a_running_job_and_watch_exits_3_after_ctrl_c_left_it_running(
+    stack: Stack, client: httpx.Client, tmp_path: Path
+) -> None:
+    job_id = mpjobs(stack, "submit", *LONG).stdout.splitlines()[0]
+    first_log, second_log = tmp_path / "first.err", tmp_path / "second.err"
+    first = spawn(stack, first_log, "watch", job_id, "--interval", "0.2")
+    wait_until(lambda: step_lines(first_log.read_text()), 60, "the first watch to show a step")
+    first.send_signal(signal.SIGINT)
+    assert first.wait(10) == Exit.INTERRUPTED
+    assert f"Cancel it with: mpjobs cancel {job_id}" in first_log.read_text()
+    assert client.get(f"/jobs/{job_id}").json()["state"] == "running", "Ctrl-C in watch never cancels"
+
+    second = spawn(stack, second_log, "watch", job_id, "--interval", "0.2")
+    wait_until(lambda: step_lines(second_log.read_text()), 60, "the second watch to show a step")
+    canceled = mpjobs(stack, "cancel", job_id)
+    assert canceled.returncode == Exit.OK
+    assert canceled.stdout in {f"{job_id}: running; cancel requested, it stops after its current step\n",
+                               f"{job_id}: canceled\n"}
+    out, _ = second.communicate(timeout=30)
+    assert second.returncode == Exit.CANCELED
+    job = client.get(f"/jobs/{job_id}").json()
+    assert job["state"] == "canceled" and job["progress"]["step"] < 20000
+    assert f"job {job_id} canceled after {job['progress']['step']} of 20000 steps" in out
+    assert "state: canceled" in second_log.read_text()
+
+
+def test_cancel_a_queued_job_and_watch_exits_3_at_once(stack: Stack, client: httpx.Client) -> None:
+    # No GPU worker runs in the tests, so a gpu job stays queued.
+    job_id = mpjobs(stack, "submit", "--model", "mlp", "--steps", "5", "--device", "gpu").stdout.splitlines()[0]
+    done = mpjobs(stack, "cancel", job_id, "--wait")
+    assert done.returncode == Exit.CANCELED and done.stdout == f"{job_id}: canceled\n"
+    watched = mpjobs(stack, "watch", job_id)
+    assert watched.returncode == Exit.CANCELED
+    assert watched.stdout.splitlines()[:2] == [f"job {job_id} canceled after 0 of 5 steps",
+                                               "  error            canceled: Canceled before it started."]
+    assert client.get(f"/jobs/{job_id}").json()["started_at"] is None
+
+
+def test_watch_reconnects_after_the_api_dies_and_sees_every_step_once(
+    stack: Stack, client: httpx.Client, tmp_path: Path
+) -> None:
+    steps = 1500
+    job_id = mpjobs(stack, "submit", *FLOAT32, "--steps", str(steps)).stdout.splitlines()[0]
+    log = tmp_path / "watch.err"
+    watcher = spawn(stack, log, "watch", job_id, "--interval", "0")
+    wait_until(lambda: step_lines(log.read_text()), 60, "the watch to show a step")
+    assert stack.api is not None
+    stack.api.kill()  # the stream drops mid-run, as in a crash
+    stack.api.wait(10)
+    shown_before = step_lines(log.read_text())
+    assert shown_before[-1] < steps, "the API must die while the job still runs"
+    stack.start_api()
+    out, _ = watcher.communicate(timeout=120)
+    assert watcher.returncode == Exit.OK, log.read_text()
+    seen = step_lines(log.read_text())
+    assert seen == list(range(seen[0], steps + 1)), "each step once, in order, across the reconnect"
+    assert f"job {job_id} succeeded after {steps} of {steps} steps" in out
+
+
+def test_compare_watch_prints_the_table_and_verdict(stack: Stack, client: httpx.Client) -> None:
+    done = mpjobs(stack, "compare", *FLOAT32, "--steps", "5", "--name", "cli compare", "--watch", timeout=240)
+    comparison_id = done.stdout.splitlines()[0]
+    comparison: dict[str, Any] = client.get(f"/comparisons/{comparison_id}").json()
+    assert comparison["state"] == "done"
+    assert [v["label"] for v in comparison["variants"]] == [
+        "float32", "mixed_float16 + dynamic", "mixed_float16 + none", "mixed_bfloat16"]
+    worst = max(Exit.OK if v["state"] == "succeeded" else Exit.FAILED if v["state"] == "failed" else Exit.CANCELED
+                for v in comparison["variants"])
+    assert done.returncode == worst, done.stderr
+    report = comparison_report(comparison)
+    assert done.stdout == f"{comparison_id}\n{report}\n"
+    assert report.splitlines()[-1] == f"verdict: {comparison['verdict']}"
+    assert report.splitlines()[2].startswith("float32 (baseline)  ")
+    shown = mpjobs(stack, "compare", "--show", comparison_id)
+    assert shown.returncode == worst and shown.stdout == report + "\n"
+
+
+def test_compare_without_a_float32_variant_is_refused_by_the_api(stack: Stack) -> None:
+    before = stack.writes()
+    done = mpjobs(stack, "compare", "--model", "mlp", "--variant", "mixed_float16:dynamic",
+                  "--variant", "mixed_bfloat16")
+    assert done.returncode == Exit.USAGE
+    assert "variants: Value error, variants must include a 'float32' variant" in done.stderr
+    assert stack.writes() == before
+
+
+def test_not_found_unreachable_and_usage_exit_codes(stack: Stack) -> None:
+    for args in (["show", "nosuchjob"], ["watch", "nosuchjob"], ["metrics", "nosuchjob"], ["cancel", "nosuchjob"],
+                 ["compare", "--show", "nosuchcomparison"]):
+        done = mpjobs(stack, *args)
+        assert done.returncode == Exit.NOT_FOUND, args
+        assert done.stderr.startswith("mpjobs: No "), done.stderr
+    port = free_port()
+    down = subprocess.run([sys.executable, "-m", "app.cli", "--url", f"http://127.0.0.1:{port}", "list"], cwd=ROOT,
+                          env=env(), capture_output=True, text=True, timeout=60)
+    assert down.returncode == Exit.UNAVAILABLE
+    assert down.stderr.startswith(f"mpjobs: cannot reach the API at http://127.0.0.1:{port}")
+    assert mpjobs(stack, "submit").returncode == Exit.USAGE  # neither SPEC.json nor --model
+
+
+def test_list_and_show(finished: tuple[subprocess.CompletedProcess[str], str], stack: Stack) -> None:
+    _, job_id = finished
+    listed = mpjobs(stack, "list", "--state", "succeeded", "--limit", "200")
+    header, *rows = listed.stdout.splitlines()
+    assert header.split() == ["ID", "STATE", "POLICY", "LOSS", "SCALE", "STEP", "DIAGNOSES", "NAME"]
+    assert [job_id, "succeeded", "float32", "none", f"{STEPS}/{STEPS}", "-", "cli"] in [r.split() for r in rows]
+    shown = mpjobs(stack, "show", job_id)
+    assert shown.returncode == Exit.OK and shown.stdout.splitlines()[0] == f"job {job_id}  'cli'"
+    raw = json.loads(mpjobs(stack, "show", job_id, "--json").stdout)
+    assert raw["id"] == job_id and raw["progress"] == {"step": STEPS, "total_steps": STEPS}
+
+
+def test_the_cli_imports_no_server_code_and_documents_its_exit_codes() -> None:
+    probe = ("import sys, app.cli; print(sorted({m.split('.')[0] for m in sys.modules} & "
+             "{'tensorflow', 'keras', 'worker', 'redis', 'fastapi', 'starlette', 'rq'}))")
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env(), capture_output=True, text=True)
+    assert loaded.stdout.strip() == "[]", loaded.stderr
+    # The console script pyproject.toml declares, as installed next to this interpreter.
+    helped = subprocess.run([str(Path(sys.executable).parent / "mpjobs"), "--help"], cwd=ROOT, env=env(),
+                            capture_output=True, text=True)
+    assert helped.returncode == Exit.OK, helped.stderr
+    docs = (ROOT / "docs" / "cli.md").read_text()
+    for code in Exit:
+        assert re.search(rf"^  {code.value} ", helped.stdout, re.MULTILINE), code
+        assert f"| {code.value} |" in docs, code
+
+
+def test_on_a_terminal_watch_draws_one_redrawn_bar(stack: Stack) -> None:
+    master, terminal = pty.openpty()
+    with subprocess.Popen(argv(stack, "submit", *FLOAT32, "--steps", str(STEPS), "--watch"), cwd=ROOT, env=env(),
+                          stdout=subprocess.PIPE, stderr=terminal, text=True) as process:
+        os.close(terminal)
+        drawn = b""
+        while chunk := _read(master):
+            drawn += chunk
+        assert process.wait(60) == Exit.OK
+    os.close(master)
+    text = drawn.decode()
+    bars = re.findall(r"\r\x1b\[K\[([#.]{24})\] (\d+)/30 ", text)
+    assert bars and bars[-1] == ("#" * 24, "30"), text
+    assert [int(step) for _, step in bars] == sorted(int(step) for _, step in bars)
+    assert step_lines(text.replace("\r", "\n")) == [], "no plain lines on a terminal"
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # EIO: every writer of the terminal has exited
+        return b""
+
+
+def test_api_keys_from_the_flag_or_the_environment_and_a_refusal_exits_5(stack: Stack) -> None:
+    port = free_port()
+    api = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port)], cwd=ROOT,
+                           env={**stack.env, "API_KEYS": "key-cli:tenant-cli"}, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: httpx.get(f"{url}/healthz").status_code == 200, 30, "the keyed API")
+
+        def run(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env={**env(), **extra_env},
+                                  capture_output=True, text=True, timeout=60)
+
+        none = run("--url", url, "list")
+        assert none.returncode == Exit.UNAVAILABLE
+        assert "Send 'Authorization: Bearer <key>'. (401; pass --api-key or set MPJOBS_API_KEY)" in none.stderr
+        wrong = run("list", "--url", url, "--api-key", "key-z")
+        assert wrong.returncode == Exit.UNAVAILABLE and "That API key is not valid." in wrong.stderr
+        assert run("list", MPJOBS_URL=url, MPJOBS_API_KEY="key-cli").stdout == "no jobs\n"
+        assert run("--api-key", "key-cli", "--url", url, "show", "x").returncode == Exit.NOT_FOUND
+    finally:
+        api.terminate()
+        api.wait(10)

@@ -14,6 +14,8 @@ from app.schemas import ComparisonSpec, PrecisionPolicy, Variant
 UNDERFLOW = "gradient_underflow"
 FASTER = 1.05
 """A speedup below this is within run-to-run noise: not worth a recommendation."""
+MIN_STEPS_FOR_SPEED = 100
+"""Fewer steps than this time mostly start-up noise: the verdict then recommends no variant for speed."""
 
 
 def build(comparison_id: str, name: str | None, created_at: str, spec: ComparisonSpec,
@@ -24,7 +26,8 @@ def build(comparison_id: str, name: str | None, created_at: str, spec: Compariso
     results = [_result(v, job, base, i == base_index) for i, (v, job) in enumerate(zip(variants, jobs, strict=True))]
     done = all(job.state.terminal for job in jobs)
     return Comparison(id=comparison_id, name=name, created_at=created_at, state="done" if done else "running",
-                      spec=spec, variants=results, verdict=verdict(results, jobs, spec.tolerance) if done else
+                      spec=spec, variants=results,
+                      verdict=verdict(results, jobs, spec.tolerance, spec.spec.training.steps) if done else
                       _progress(jobs))
 
 
@@ -105,7 +108,8 @@ def _overlapped(jobs: list[Job]) -> bool:
     return any(a[0] == b[0] and b[1] < a[2] for a, b in zip(spans, spans[1:], strict=False))
 
 
-def verdict(results: list[VariantResult], jobs: list[Job], tolerance: float) -> str:
+def verdict(results: list[VariantResult], jobs: list[Job], tolerance: float,
+            steps: int = MIN_STEPS_FOR_SPEED) -> str:
     """Each variant against float32 in a clause, then what to use."""
     base = next(r for r in results if r.baseline)
     if base.state is not JobState.SUCCEEDED or base.final_loss is None:
@@ -115,7 +119,10 @@ def verdict(results: list[VariantResult], jobs: list[Job], tolerance: float) -> 
     good = [r for r in others if r.state is JobState.SUCCEEDED and r.loss_gap is not None
             and abs(r.loss_gap) <= tolerance and UNDERFLOW not in {d.code for d in r.diagnoses}]
     faster = [r for r in good if r.speedup is not None and r.speedup >= FASTER]
-    if faster:
+    if good and steps < MIN_STEPS_FOR_SPEED:
+        text += (f" {steps} steps are too few to judge speed; run at least {MIN_STEPS_FOR_SPEED} before choosing "
+                 "a precision for speed.")
+    elif faster:
         best = max(faster, key=lambda r: r.speedup or 0.0)
         text += f" Use {best.label}."
     elif good:

@@ -82,6 +82,15 @@ def test_speed_caveats_for_shared_hosts_and_mixed_devices() -> None:
     assert mixed.verdict.endswith("Speeds are not comparable: the variants ran on different devices (cpu, gpu).")
 
 
+def test_too_few_steps_recommend_nothing_for_speed() -> None:
+    short = ComparisonSpec.model_validate({"spec": {"model": {"name": "mlp"}, "training": {"steps": 20}}})
+    jobs = [job(0, 1.0, 1000), job(1, 1.0, 3000, start=2), job(2, 1.0, 3000, start=4), job(3, 1.0, 3000, start=6)]
+    result = comparisons.build("c1", None, "2026-12-01T00:00:00+00:00", short, jobs)
+    assert "Use " not in result.verdict
+    assert result.verdict.endswith("20 steps are too few to judge speed; run at least 100 before choosing a "
+                                   "precision for speed.")
+
+
 def test_running_comparison_reports_progress() -> None:
     result = report([job(0, 1.0, 1000), job(1, None, 0, state=JobState.RUNNING), job(2, 1.0, 1), job(3, 1.0, 1)])
     assert result.state == "running"

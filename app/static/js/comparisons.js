@@ -1,0 +1,138 @@
+// #/comparisons and #/comparisons/<id>: one spec under several precisions, side by side.
+
+import { api } from "./api.js";
+import { OverlayChart } from "./charts.js";
+import { TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtTime, h, poll, progressBar, stateBadge } from "./dom.js";
+
+const POLL_MS = 2000;
+const CURVE_POINTS = 1000;
+
+export function comparisonsView(root) {
+  const body = h("tbody", { "data-testid": "comparison-rows" });
+  const problem = h("div");
+  root.append(h("section", { class: "panel" },
+    h("h1", {}, "Comparisons"),
+    h("p", { class: "muted" }, "Start one with “Compare precisions” on the ", h("a", { href: "#/jobs" }, "job form"), "."),
+    problem,
+    h("div", { class: "table-wrap" }, h("table", { "data-testid": "comparison-list" },
+      h("thead", {}, h("tr", {}, ["Comparison", "State", "Variants", "Verdict", "Created"]
+        .map((t) => h("th", { scope: "col" }, t)))),
+      body))));
+  return poll(async () => {
+    try {
+      const page = await api.get("/comparisons");
+      problem.replaceChildren();
+      body.replaceChildren(...page.comparisons.map((c) =>
+        h("tr", { "data-testid": "comparison-row", "data-comparison-id": c.id, "data-state": c.state },
+          h("td", {}, h("a", { href: `#/comparisons/${encodeURIComponent(c.id)}` }, c.name || c.id)),
+          h("td", {}, stateBadge(c.state)),
+          h("td", {}, c.variants.map((v) => v.label).join(", ")),
+          h("td", {}, c.verdict),
+          h("td", { class: "muted" }, fmtTime(c.created_at)))));
+      if (!page.comparisons.length) body.append(h("tr", {}, h("td", { colspan: 5, class: "muted" }, "None yet.")));
+    } catch (error) {
+      problem.replaceChildren(errorBanner(error));
+    }
+  }, POLL_MS);
+}
+
+function signed(value) {
+  if (value === null || value === undefined) return "–";
+  return `${value > 0 ? "+" : ""}${fmtPercent(value, 2)}`;
+}
+
+function variantRow(v) {
+  const diagnoses = v.diagnoses ?? [];
+  return h("tr", { "data-testid": "variant-row", "data-job-id": v.job_id, "data-state": v.state },
+    h("th", { scope: "row" }, h("a", { href: `#/jobs/${encodeURIComponent(v.job_id)}` }, v.label),
+      v.baseline ? h("span", { class: "tag" }, "baseline") : null),
+    h("td", {}, stateBadge(v.state), h("div", {}, progressBar(v.progress)),
+      v.device ? h("div", { class: "muted small" }, v.device) : null),
+    h("td", { class: "num" }, fmtNumber(v.final_loss)),
+    h("td", { class: "num" }, v.baseline ? "–" : signed(v.loss_gap)),
+    h("td", { class: "num" }, fmtNumber(v.examples_per_sec)),
+    h("td", { class: "num" }, v.speedup === null || v.speedup === undefined ? "–" : `${v.speedup.toFixed(2)}×`),
+    h("td", { class: "num" }, v.skipped_steps ?? "–"),
+    h("td", { class: "num" }, fmtPercent(v.peak_zero_grad_fraction)),
+    h("td", { class: "diag-cell" },
+      v.error ? h("p", { class: "error" }, `${v.error.reason}: ${v.error.message}`) : null,
+      diagnoses.length
+        ? h("ul", { class: "diagnoses compact" }, diagnoses.map((d) => h("li", { "data-code": d.code }, d.message)))
+        : (v.error ? null : h("span", { class: "muted" }, "none"))));
+}
+
+export function comparisonView(root, comparisonId) {
+  const path = `/comparisons/${encodeURIComponent(comparisonId)}`;
+  const title = h("h1");
+  const verdict = h("p", { class: "verdict", "data-testid": "verdict", role: "status" });
+  const specLine = h("p", { class: "meta" });
+  const problem = h("div");
+  const body = h("tbody", { "data-testid": "variant-rows" });
+  const cancelButton = h("button", { type: "button", class: "danger", "data-testid": "cancel-comparison",
+    disabled: true }, "Cancel all");
+  const chartBox = h("div");
+  const page = h("article", { class: "panel", "data-testid": "comparison-page", "data-comparison-id": comparisonId },
+    h("div", { class: "title-row" }, title, cancelButton), specLine, verdict, problem,
+    h("div", { class: "table-wrap" }, h("table", { class: "variants", "data-testid": "variants" },
+      h("thead", {}, h("tr", {}, ["Variant", "State", "Final loss", "Gap vs float32", "Examples/s", "Speedup",
+        "Skipped steps", "Peak zero-grad", "Diagnoses"].map((t) => h("th", { scope: "col" }, t)))),
+      body)),
+    h("h2", {}, "Loss curves"),
+    h("p", { class: "muted" }, `Mean loss per bucket of steps (up to ${CURVE_POINTS} points per variant).`),
+    chartBox);
+  root.append(h("p", {}, h("a", { href: "#/comparisons" }, "← Comparisons")), page);
+  const chart = new OverlayChart(chartBox, "chart-comparison-loss", "Loss, all variants");
+  const finalCurves = new Map(); // job id -> points, once that job is terminal
+  let stop = () => {};
+
+  const curve = async (variant) => {
+    if (finalCurves.has(variant.job_id)) return finalCurves.get(variant.job_id);
+    if (!variant.progress.step) return [];
+    const view = await api.get(`/jobs/${encodeURIComponent(variant.job_id)}/metrics?max_points=${CURVE_POINTS}`);
+    const points = view.buckets.filter((b) => b.loss.mean !== null).map((b) => [b.last_step, b.loss.mean]);
+    if (TERMINAL.has(variant.state)) finalCurves.set(variant.job_id, points);
+    return points;
+  };
+
+  const render = async (comparison) => {
+    page.dataset.state = comparison.state;
+    title.replaceChildren(comparison.name || comparison.id, " ", stateBadge(comparison.state));
+    cancelButton.disabled = comparison.state !== "running";
+    const spec = comparison.spec.spec ?? comparison.spec; // the ComparisonSpec holds the job spec
+    const t = spec.training;
+    const tolerance = comparison.spec.tolerance === undefined ? ""
+      : ` · a match is within ${fmtPercent(comparison.spec.tolerance)} of float32`;
+    specLine.textContent = `${spec.model.name ?? "keras_json"} · ${t.steps} steps of ${t.batch_size}, `
+      + `${t.optimizer} at ${t.learning_rate}${tolerance} · created ${fmtTime(comparison.created_at)}`;
+    verdict.textContent = comparison.verdict;
+    body.replaceChildren(...comparison.variants.map(variantRow));
+    const curves = await Promise.all(comparison.variants.map(curve));
+    chart.update(comparison.variants.map((v, i) => ({ label: v.label, points: curves[i] })));
+    if (comparison.state === "done" && comparison.variants.every((v) => finalCurves.has(v.job_id) || !v.progress.step)) {
+      stop();
+    }
+  };
+
+  cancelButton.addEventListener("click", async () => {
+    cancelButton.disabled = true;
+    try {
+      await render(await api.del(path));
+    } catch (error) {
+      problem.replaceChildren(errorBanner(error));
+    }
+  });
+
+  stop = poll(async () => {
+    try {
+      await render(await api.get(path));
+      problem.replaceChildren();
+    } catch (error) {
+      problem.replaceChildren(errorBanner(error));
+    }
+  }, POLL_MS);
+
+  return () => {
+    stop();
+    chart.destroy();
+  };
+}

@@ -1,0 +1,156 @@
+// #/jobs/<id>: live charts over the metrics stream, summary, diagnoses, transitions, cancel.
+
+import { api, followMetrics } from "./api.js";
+import { JobCharts } from "./charts.js";
+import {
+  TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtTime, h, lossScaleText, poll, progressBar, stateBadge,
+} from "./dom.js";
+
+const POLL_MS = 2000;
+const RAW_HISTORY_MAX = 5000; // longer runs load their history as buckets, not step by step
+const HISTORY_POINTS = 1000;
+const PAGE = 1000;
+
+function summaryList(summary) {
+  if (!summary) return h("p", { class: "muted" }, "No steps yet.");
+  const rows = [
+    ["Steps done", summary.steps_done],
+    ["Final loss (mean of last steps)", fmtNumber(summary.final_loss)],
+    ["Skipped steps", summary.skipped_steps],
+    ["Loss scale min / max / final",
+      [summary.loss_scale_min, summary.loss_scale_max, summary.loss_scale_final].map((v) => fmtNumber(v, 6)).join(" / ")],
+    ["Peak zero-gradient fraction", fmtPercent(summary.peak_zero_grad_fraction)],
+    ["Mean examples/s", fmtNumber(summary.mean_examples_per_sec)],
+  ];
+  return h("dl", { class: "summary", "data-testid": "summary" },
+    rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))]));
+}
+
+function diagnosesList(summary) {
+  const diagnoses = summary?.diagnoses ?? [];
+  if (!diagnoses.length) return h("p", { class: "muted", "data-testid": "diagnoses" }, "Nothing to report.");
+  return h("ul", { class: "diagnoses", "data-testid": "diagnoses" }, diagnoses.map((d) =>
+    h("li", { "data-code": d.code },
+      h("strong", {}, d.code.replaceAll("_", " ")),
+      d.first_step ? h("span", { class: "muted" }, ` from step ${d.first_step}`) : null,
+      h("p", {}, d.message))));
+}
+
+function transitionsTable(transitions) {
+  return h("table", { class: "transitions", "data-testid": "transitions" },
+    h("thead", {}, h("tr", {}, ["State", "At", "Message"].map((t) => h("th", { scope: "col" }, t)))),
+    h("tbody", {}, transitions.map((t) =>
+      h("tr", {}, h("td", {}, stateBadge(t.state)), h("td", {}, fmtTime(t.at)), h("td", {}, t.message)))));
+}
+
+function specLine(job) {
+  const { spec } = job;
+  const t = spec.training;
+  return h("p", { class: "meta" },
+    h("span", { class: "mono" }, spec.model.name ?? "keras_json"), " · ",
+    h("span", { class: "mono", "data-testid": "policy" }, spec.precision_policy), " · ",
+    "loss scale ", h("span", { class: "mono" }, lossScaleText(spec.loss_scale)), " · ",
+    `${t.steps} steps of ${t.batch_size}, ${t.optimizer} at ${t.learning_rate}`,
+    job.worker ? ` · ${job.worker.device.kind ?? ""} worker ${job.worker.host}:${job.worker.pid}` : "");
+}
+
+export function jobView(root, jobId) {
+  const path = `/jobs/${encodeURIComponent(jobId)}`;
+  const controller = new AbortController();
+  const header = h("div", { class: "job-header" });
+  const details = h("div", { class: "job-details" });
+  const chartsBox = h("div", { class: "charts", "data-testid": "charts" });
+  const stream = h("span", { class: "muted", "data-testid": "stream-status" }, "loading history…");
+  const page = h("article", { class: "panel job-page", "data-testid": "job-page", "data-job-id": jobId },
+    header, h("p", { class: "legend-note" }, "Red vertical lines mark skipped steps. ", stream), chartsBox, details);
+  root.append(h("p", {}, h("a", { href: "#/jobs" }, "← Jobs")), page);
+  const charts = new JobCharts(chartsBox);
+  let job = null;
+
+  const cancelButton = h("button", { type: "button", class: "danger", "data-testid": "cancel-job", disabled: true },
+    "Cancel");
+  cancelButton.addEventListener("click", async () => {
+    cancelButton.disabled = true;
+    try {
+      render(await api.del(path));
+    } catch (error) {
+      actionProblem.replaceChildren(errorBanner(error));
+      cancelButton.disabled = false;
+    }
+  });
+  const title = h("h1");
+  const facts = h("div");
+  const actionProblem = h("div");
+  header.append(h("div", { class: "title-row" }, title, cancelButton), actionProblem, facts);
+
+  let shown = "";
+  const render = (next) => {
+    const signature = JSON.stringify(next);
+    if (signature === shown) return; // keeps text selections alive between polls
+    shown = signature;
+    job = next;
+    page.dataset.state = job.state;
+    cancelButton.disabled = TERMINAL.has(job.state);
+    title.replaceChildren(job.name || job.id, " ", stateBadge(job.state));
+    facts.replaceChildren(specLine(job), progressBar(job.progress));
+    details.replaceChildren(h("div", {},
+      job.error ? h("div", { class: "banner error", role: "alert", "data-testid": "job-error" },
+        h("strong", {}, job.error.reason.replaceAll("_", " ")), ": ", job.error.message) : null,
+      job.waiting_reason ? h("p", { class: "banner", "data-testid": "waiting" }, job.waiting_reason) : null,
+      h("div", { class: "columns" },
+        h("section", {}, h("h2", {}, "Summary"), summaryList(job.summary)),
+        h("section", {}, h("h2", {}, "Diagnoses"), diagnosesList(job.summary))),
+      h("section", {}, h("h2", {}, "Transitions"), transitionsTable(job.transitions))));
+  };
+
+  const refresh = async () => render(await api.get(path));
+
+  // Raw steps for short runs; min/mean/max buckets for long ones. Returns the last step loaded.
+  const loadHistory = async (doneSteps) => {
+    if (doneSteps > RAW_HISTORY_MAX) {
+      const view = await api.get(`${path}/metrics?max_points=${HISTORY_POINTS}`);
+      view.buckets.forEach((b) => charts.pushBucket(b));
+      return view.total_steps;
+    }
+    let after = 0;
+    for (;;) {
+      const metrics = await api.get(`${path}/metrics?after=${after}&limit=${PAGE}`);
+      metrics.points.forEach((p) => charts.push(p));
+      if (metrics.next_after === null || controller.signal.aborted) return charts.lastStep;
+      after = metrics.next_after;
+    }
+  };
+
+  let stopPolling = () => {};
+  (async () => {
+    try {
+      await refresh();
+      if (controller.signal.aborted) return; // the view was left while the job loaded
+      stopPolling = poll(refresh, POLL_MS);
+      const after = await loadHistory(job.progress.step);
+      const ended = await followMetrics(jobId, {
+        after,
+        signal: controller.signal,
+        onStatus: (s) => { stream.textContent = s === "live" ? "Live." : "Reconnecting…"; },
+        onEvent: (event) => {
+          if (event.event === "metrics") charts.push(JSON.parse(event.data));
+          else if (event.event === "state" || event.event === "end") refresh().catch(() => {});
+        },
+      });
+      if (ended === "end") {
+        charts.flush();
+        stream.textContent = "Run ended.";
+        stopPolling();
+        await refresh();
+      }
+    } catch (error) {
+      if (!controller.signal.aborted) page.prepend(errorBanner(error));
+    }
+  })();
+
+  return () => {
+    controller.abort();
+    stopPolling();
+    charts.destroy();
+  };
+}

@@ -1,0 +1,334 @@
+"""The web dashboard in a real browser: Debian's headless Chromium, driven by Selenium,
+against a stack of real processes with API keys on. Screenshots go to test-artifacts/."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.chrome.webdriver import WebDriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.select import Select
+from selenium.webdriver.support.wait import WebDriverWait
+
+from tests.stack import ROOT, Stack, private_stack
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+KEY = "dashboard-key"
+STATIC = ROOT / "app" / "static"
+ARTIFACTS = ROOT / "test-artifacts"
+URL = re.compile(r"https?://", re.IGNORECASE)
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def keyed_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with private_stack(tmp_path_factory.mktemp("dashboard"), API_KEYS=f"{KEY}:tenant-d") as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def api(keyed_stack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=keyed_stack.base_url, headers={"Authorization": f"Bearer {KEY}"},
+                      timeout=30) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.fail("Chromium is not installed; `make chromium` installs Debian's chromium and chromium-driver")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # An explicit driver path: Selenium Manager never runs, so nothing is downloaded.
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(driver: WebDriver, check: Callable[[WebDriver], T | None | Literal[False]], timeout: float,
+             what: str) -> T:
+    waiter = WebDriverWait(driver, timeout, poll_frequency=0.05, ignored_exceptions=[StaleElementReferenceException])
+    result = waiter.until(check, f"timed out after {timeout}s waiting for {what}")
+    assert result is not None  # until() returns only truthy results
+    return result
+
+
+def by_testid(driver: WebDriver, name: str) -> WebElement:
+    return driver.find_element(By.CSS_SELECTOR, f'[data-testid="{name}"]')
+
+
+def shown(name: str) -> Callable[[WebDriver], WebElement | None]:
+    def check(driver: WebDriver) -> WebElement | None:
+        element = by_testid(driver, name)
+        return element if element.is_displayed() else None
+
+    return check
+
+
+def attr(driver: WebDriver, name: str, attribute: str) -> str | None:
+    return by_testid(driver, name).get_attribute(attribute)
+
+
+def dialog_open(driver: WebDriver) -> bool:
+    return bool(driver.execute_script("return document.getElementById('key-dialog').open"))
+
+
+def open_dashboard(driver: WebDriver, stack: Stack, route: str) -> None:
+    """Loads a view in a fresh page; enters the API key when the page asks for it."""
+    driver.get("about:blank")  # a new document even when only the hash would change
+    driver.get(f"{stack.base_url}/{route}")
+    if wait_for(driver, lambda d: "key" if dialog_open(d) else d.find_elements(By.CSS_SELECTOR, "main > *"),
+                10, "the view or the key dialog") == "key":
+        enter_key(driver, KEY)
+
+
+def enter_key(driver: WebDriver, key: str) -> None:
+    field = by_testid(driver, "key-input")
+    field.clear()
+    field.send_keys(key)
+    by_testid(driver, "key-submit").click()
+
+
+def set_value(driver: WebDriver, field: str, value: object) -> None:
+    element = driver.find_element(By.CSS_SELECTOR, f'[data-field="{field}"]')
+    if element.tag_name == "select":
+        Select(element).select_by_value(str(value))
+    else:
+        element.clear()
+        element.send_keys(str(value))
+
+
+def fill_form(driver: WebDriver, values: dict[str, object]) -> None:
+    for field, value in values.items():
+        set_value(driver, field, value)
+
+
+def submit_job(driver: WebDriver, values: dict[str, object]) -> str:
+    """Fills and submits the form; returns the new job's id from the confirmation link."""
+    fill_form(driver, values)
+    before = by_testid(driver, "submit-status").text
+    by_testid(driver, "submit-job").click()
+    link = wait_for(driver, lambda d: by_testid(d, "submit-status").text != before
+                    and by_testid(d, "submit-status").find_element(By.TAG_NAME, "a"), 10, "the job to be queued")
+    href = link.get_attribute("href") or ""
+    return href.rsplit("/", 1)[-1]
+
+
+def chart(driver: WebDriver, key: str) -> dict[str, int]:
+    element = by_testid(driver, f"chart-{key}")
+    return {name: int(element.get_attribute(f"data-{name}") or 0) for name in ("points", "skipped")}
+
+
+def page_errors(driver: WebDriver) -> list[str]:
+    """Uncaught script errors and Content-Security-Policy refusals logged since the last call.
+    (Failed fetches are not counted: one test kills the API on purpose.)"""
+    messages = [entry["message"] for entry in driver.get_log("browser")]
+    return [m for m in messages if "Uncaught" in m or "Content Security Policy" in m]
+
+
+def screenshot(driver: WebDriver, name: str) -> Path:
+    """The whole page, not just the window."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / name
+    size = driver.get_window_size()
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(size["width"], max(size["height"], int(height) + 120))
+    try:
+        assert driver.save_screenshot(str(path)), path
+    finally:
+        driver.set_window_size(size["width"], size["height"])
+    return path
+
+
+def test_dashboard_and_vendored_uplot_are_served_without_a_key_or_a_cdn(keyed_stack: Stack) -> None:
+    page = httpx.get(f"{keyed_stack.base_url}/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    referenced = [ref for ref in re.findall(r'(?:src|href)="([^"#]+)"', page.text) if ref != "data:,"]
+    assert {"/static/vendor/uPlot.iife.min.js", "/static/vendor/uPlot.min.css", "/static/style.css",
+            "/static/js/app.js"} <= set(referenced)
+    for path in referenced:
+        assert path.startswith("/static/"), path
+        assert httpx.get(keyed_stack.base_url + path).status_code == 200, path
+
+    license_text = httpx.get(f"{keyed_stack.base_url}/static/vendor/uPlot.LICENSE")
+    assert license_text.status_code == 200 and "MIT License" in license_text.text
+    assert license_text.headers["content-type"].startswith("text/plain")
+    assert "Leon Sorokin" in license_text.text
+    bundle = (STATIC / "vendor" / "uPlot.iife.min.js").read_text()
+    assert bundle.startswith("/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
+    # The vendored files are the ones vendor/README.md says were taken from the npm tarball.
+    recorded = dict(re.findall(r"^([0-9a-f]{64})  (\S+)$", (STATIC / "vendor" / "README.md").read_text(), re.M))
+    assert sorted(recorded.values()) == ["uPlot.LICENSE", "uPlot.iife.min.js", "uPlot.min.css"]
+    for digest, name in recorded.items():
+        assert hashlib.sha256((STATIC / "vendor" / name).read_bytes()).hexdigest() == digest, name
+
+    # No URL outside the origin anywhere the browser loads: our files have none at all, and the
+    # vendored bundle's only one is in its banner comment.
+    ours = [p for p in STATIC.rglob("*") if p.suffix in {".html", ".js", ".css"} and p.parent.name != "vendor"]
+    assert ours and all(not URL.search(p.read_text()) for p in ours), [p for p in ours if URL.search(p.read_text())]
+    assert not URL.search(bundle.split("*/", 1)[1])
+    assert not URL.search((STATIC / "vendor" / "uPlot.min.css").read_text())
+
+
+def test_a_job_from_the_form_charts_live_and_its_stream_survives_an_api_restart(
+    keyed_stack: Stack, api: httpx.Client, browser: WebDriver,
+) -> None:
+    steps = 150
+    # A fresh tab session: the list meets a 401 and asks for the key; a wrong one is refused.
+    browser.get(f"{keyed_stack.base_url}/#/jobs")
+    browser.execute_script("sessionStorage.clear()")
+    browser.refresh()
+    wait_for(browser, dialog_open, 10, "the key dialog")
+    enter_key(browser, "not-the-key")
+    wait_for(browser, lambda d: dialog_open(d) and by_testid(d, "key-error").is_displayed(), 10, "the key refusal")
+    enter_key(browser, KEY)
+    wait_for(browser, lambda d: attr(d, "job-list", "data-count") is not None, 10, "the job list")
+    assert not dialog_open(browser)
+    assert browser.execute_script("return sessionStorage.getItem('mpjobs.apiKey')") == KEY
+
+    job_id = submit_job(browser, {
+        "name": "dashboard live", "model.name": "mlp", "precision_policy": "mixed_float16",
+        "loss_scale.mode": "dynamic", "loss_scale.initial_scale": 32768, "loss_scale.growth_steps": 10,
+        "training.steps": steps, "training.batch_size": 32, "training.learning_rate": 0.001,
+    })
+    spec = api.get(f"/jobs/{job_id}").json()["spec"]
+    assert spec["precision_policy"] == "mixed_float16"
+    assert spec["loss_scale"] == {"mode": "dynamic", "initial_scale": 32768.0, "growth_steps": 10}
+    assert spec["training"]["steps"] == steps and spec["training"]["batch_size"] == 32
+
+    row = f'[data-testid="job-row"][data-job-id="{job_id}"]'
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row), 10, "the job in the list")
+    browser.find_element(By.CSS_SELECTOR, f'{row} [data-testid="job-link"]').click()
+    wait_for(browser, lambda d: attr(d, "job-page", "data-job-id") == job_id, 10, "the job page")
+
+    # The charts fill while the job runs: two reads, both inside the running state.
+    wait_for(browser, lambda d: chart(d, "loss")["points"] > 0, 60, "the first plotted step")
+    assert api.get(f"/jobs/{job_id}").json()["state"] == "running"
+    first = {key: chart(browser, key)["points"] for key in ("loss", "loss-scale")}
+    wait_for(browser, lambda d: all(chart(d, k)["points"] > first[k] for k in first), 20, "more plotted steps")
+    job = api.get(f"/jobs/{job_id}").json()
+    assert job["state"] == "running" and job["progress"]["step"] < steps, job["progress"]
+
+    # The API dies mid-run; the page reconnects with ?after=<last step> and misses nothing.
+    assert keyed_stack.api is not None
+    keyed_stack.api.kill()
+    keyed_stack.api.wait(10)
+    keyed_stack.start_api()
+
+    done = keyed_stack.wait_for_state(api, job_id, {"succeeded", "failed", "canceled"}, timeout=120)
+    assert done["state"] == "succeeded", done["error"]
+    wait_for(browser, lambda d: attr(d, "stream-status", "textContent") == "Run ended."
+             and attr(d, "job-page", "data-state") == "succeeded", 30, "the page to see the end")
+    skipped = done["summary"]["skipped_steps"]
+    assert skipped > 0, "growth_steps=10 must reach an overflowing scale"
+    # Every step drawn once, though the stream broke mid-run; a red line per skipped step.
+    for key in ("loss", "loss-scale", "grad-norm", "zero-grad"):
+        assert chart(browser, key) == {"points": steps, "skipped": skipped}, key
+
+    diagnoses = by_testid(browser, "diagnoses").text
+    for diagnosis in done["summary"]["diagnoses"]:
+        assert diagnosis["message"] in diagnoses
+    transitions = by_testid(browser, "transitions").find_elements(By.CSS_SELECTOR, "tbody tr")
+    assert [t.find_element(By.CSS_SELECTOR, "td").text for t in transitions] == ["queued", "running", "succeeded"]
+    assert by_testid(browser, "cancel-job").get_attribute("disabled") is not None
+    assert screenshot(browser, "dashboard-job.png").stat().st_size > 10_000
+
+    # Everything the browser loaded came from this origin.
+    loaded: list[str] = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)")
+    assert loaded and all(url.startswith(keyed_stack.base_url) for url in loaded), loaded
+    assert page_errors(browser) == []
+
+
+def test_cancel_button_cancels_a_running_job(keyed_stack: Stack, api: httpx.Client, browser: WebDriver) -> None:
+    open_dashboard(browser, keyed_stack, "#/jobs")
+    job_id = submit_job(browser, {"name": "dashboard cancel", "precision_policy": "float32",
+                                  "loss_scale.mode": "none", "training.steps": 100_000})
+    browser.get(f"{keyed_stack.base_url}/#/jobs/{job_id}")
+    wait_for(browser, lambda d: chart(d, "loss")["points"] > 0, 60, "the job to run")
+    by_testid(browser, "cancel-job").click()
+
+    done = keyed_stack.wait_for_state(api, job_id, {"succeeded", "failed", "canceled"}, timeout=30)
+    assert done["state"] == "canceled" and done["progress"]["step"] < 100_000
+    wait_for(browser, lambda d: attr(d, "job-page", "data-state") == "canceled"
+             and attr(d, "stream-status", "textContent") == "Run ended.", 20, "the page to show canceled")
+    assert by_testid(browser, "cancel-job").get_attribute("disabled") is not None
+    assert page_errors(browser) == []
+
+
+def test_server_validation_errors_show_next_to_their_fields(
+    keyed_stack: Stack, api: httpx.Client, browser: WebDriver,
+) -> None:
+    open_dashboard(browser, keyed_stack, "#/jobs")
+    before = keyed_stack.writes(), api.get("/comparisons").json()["comparisons"]
+    fill_form(browser, {"loss_scale.mode": "dynamic", "loss_scale.growth_steps": 0, "training.steps": 0,
+                        "training.batch_size": 32})
+    # POST /jobs names ["body", "training", "steps"]; POST /comparisons ["body", "spec", "training", "steps"].
+    for button in ("submit-job", "compare-precisions"):
+        by_testid(browser, button).click()
+        for field in ("training.steps", "loss_scale.growth_steps"):
+            error = wait_for(browser, shown(f"error-{field}"), 10, f"the error by {field} after {button}")
+            assert "greater than or equal to 1" in error.text
+            control = browser.find_element(By.CSS_SELECTOR, f'[data-field="{field}"]')
+            assert control.get_attribute("aria-invalid") == "true"
+            assert control.get_attribute("aria-describedby") == error.get_attribute("id")
+            wrapper = control.find_element(By.XPATH, "..")
+            assert wrapper.get_attribute("data-field-wrapper") == field
+            assert error.find_element(By.XPATH, "..") == wrapper
+        assert not by_testid(browser, "form-errors").is_displayed()
+        assert not by_testid(browser, "error-training.batch_size").is_displayed()
+    assert (keyed_stack.writes(), api.get("/comparisons").json()["comparisons"]) == before
+    assert browser.current_url.endswith("#/jobs")
+    screenshot(browser, "dashboard-form-errors.png")
+    assert page_errors(browser) == []
+
+
+def test_compare_precisions_shows_the_verdict_table_and_overlaid_losses(
+    keyed_stack: Stack, api: httpx.Client, browser: WebDriver,
+) -> None:
+    open_dashboard(browser, keyed_stack, "#/jobs")
+    fill_form(browser, {"name": "dashboard compare", "model.name": "mlp", "training.steps": 20,
+                        "training.batch_size": 32})
+    by_testid(browser, "compare-precisions").click()
+    wait_for(browser, lambda d: "#/comparisons/" in d.current_url, 10, "the comparison page")
+    comparison_id = browser.current_url.rsplit("/", 1)[-1]
+    assert attr(browser, "comparison-page", "data-comparison-id") == comparison_id
+
+    def finished(_: Any) -> dict[str, Any] | None:
+        comparison: dict[str, Any] = api.get(f"/comparisons/{comparison_id}").json()
+        return comparison if comparison["state"] == "done" else None
+
+    comparison = wait_for(browser, finished, 120, "the comparison to finish")
+    labels = [v["label"] for v in comparison["variants"]]
+    assert len(labels) == 4 and comparison["spec"]["spec"]["training"]["steps"] == 20
+    wait_for(browser, lambda d: attr(d, "comparison-page", "data-state") == "done"
+             and attr(d, "chart-comparison-loss", "data-points") == str(4 * 20), 20, "every loss curve")
+    assert attr(browser, "chart-comparison-loss", "data-series") == "4"
+    assert by_testid(browser, "verdict").text == comparison["verdict"] != ""
+    rows = browser.find_elements(By.CSS_SELECTOR, '[data-testid="variant-row"]')
+    assert [r.find_element(By.CSS_SELECTOR, "th a").text for r in rows] == labels
+    assert [r.get_attribute("data-job-id") for r in rows] == [v["job_id"] for v in comparison["variants"]]
+    screenshot(browser, "dashboard-comparison.png")
+
+    browser.get(f"{keyed_stack.base_url}/#/comparisons")
+    wait_for(browser, lambda d: d.find_elements(
+        By.CSS_SELECTOR, f'[data-testid="comparison-row"][data-comparison-id="{comparison_id}"]'), 10,
+        "the comparison in the list")
+    assert page_errors(browser) == []

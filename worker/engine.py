@@ -38,6 +38,8 @@ MODEL_ARTIFACT = "model.keras"
 # TensorFlow says it one way in graphs and another eagerly.
 _MISSING_KERNEL = re.compile(
     r"No OpKernel was registered to support Op '(?P<graph>\w+)'|Could not find device for node: .*? = (?P<eager>\w+)\["
+    # XLA under JAX, e.g. float16 attention with float32 accumulation on CPU:
+    r"|The precision '\w+' is not supported by (?P<xla>\w+) on"
 )
 _OPTIMIZERS = {
     "adam": keras.optimizers.Adam,
@@ -95,8 +97,9 @@ def _map_failure(exc: Exception, spec: JobSpec, device: DeviceInfo) -> JobFailed
     missing = _MISSING_KERNEL.search(text)
     if missing:
         dtype = spec.precision_policy.compute_dtype
+        op = missing["graph"] or missing["eager"] or missing["xla"]
         return UnsupportedPrecision(
-            f"{device.backend} has no {dtype} kernel for op {missing['graph'] or missing['eager']} on this "
+            f"{device.backend} has no {dtype} kernel for op {op} on this "
             f"{device.kind}. "
             f"Fix: use mixed_bfloat16 or float32 for this model on {device.kind}, or run it on a GPU."
         )

@@ -47,3 +47,15 @@ def test_max_seconds_fails_with_timeout_and_keeps_a_checkpoint(train: Train, tmp
     saved = checkpoint.load(out)
     assert saved is not None and 0 < saved.step < 100_000
     assert f"step {saved.step}" in raised.value.message
+
+
+def test_xla_precision_refusal_is_a_named_unsupported_precision() -> None:
+    """JAX's CPU backend refuses float16 attention with float32 accumulation (seen with a
+    transformer under mixed_float16): a named failure with its fix, not `internal`."""
+    from worker.devices import detect_device
+    from worker.engine import _map_failure
+
+    error = RuntimeError("INVALID_ARGUMENT: The precision 'F16_F16_F32' is not supported by dot_general on CPU.")
+    failure = _map_failure(error, spec_of(precision_policy="mixed_float16"), detect_device())
+    assert failure.reason is FailureReason.UNSUPPORTED_PRECISION_ON_DEVICE
+    assert "float16 kernel for op dot_general" in failure.message and "mixed_bfloat16 or float32" in failure.message

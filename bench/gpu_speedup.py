@@ -1,0 +1,377 @@
+"""GPU speedup: mixed precision against float32, through the engine, under JAX.
+
+Runs `worker.engine.run_job` (what a worker runs, telemetry and all) with
+KERAS_BACKEND=jax, so a GPU host with JAX and no TensorFlow can run it: beside
+JAX it needs only keras, pydantic and pydantic-settings, and this repo's
+`app/`, `worker/` and `bench/` packages. Each model (transformer, cnn) trains
+under float32, mixed_float16 + dynamic loss scaling, and mixed_bfloat16.
+
+- **step time**: the interval between consecutive `StepRecord.time` stamps,
+  after the warm-up steps (the first step compiles). Each step ends with the
+  engine reading that step's telemetry on the host, so an interval is one whole
+  step, the engine's per-step work included. The measured steps of a run are
+  split into windows; a case's figure is the median of its window medians.
+- **examples/s**: batch size / step time.
+- **speedup**: float32's step time / the policy's, within one round (a round
+  runs the three policies back to back), then the median over rounds.
+- **TFLOP/s**: analytic model FLOPs per step / step time, also as a share of
+  the chip's dense bf16 peak (`--peak-tflops`, 790: an H200's measured rate).
+
+Model FLOPs of one training step, 3 × the forward pass (backward costs two)::
+
+    transformer (B batch, S seq_len, d d_model, f ffn_dim, L layers, C classes):
+        6·L·(4d² + 2df)·B·S    q, k, v and output projections, the two FFN layers
+      + 12·L·S²·d·B            attention: Q·Kᵀ and P·V, 2·S²·d each per layer
+      + 6·d·C·B                classifier head
+    cnn (B batch, H image size, F filters, C classes; 3×3 'same' convolutions):
+        6·(H²·9·3·F + (H/2)²·9·F·2F + 2F·C)·B
+
+Embedding look-ups, normalisation, softmax, activations and the optimizer
+update are left out, so TFLOP/s is the useful work (as in MFU), a lower bound.
+
+On Ampere and newer GPUs JAX runs float32 matmuls and convolutions in TF32
+unless told otherwise; a float32 job gets that, so it is the baseline here.
+`--float32-matmul highest` measures IEEE float32 instead. Goal: each mixed
+policy trains the transformer at least 2.5× as fast as float32.
+
+The budget, `--budget-s` (420 s), counts from start-up: a run whose estimate no
+longer fits is skipped, and a run still going at the deadline is stopped after
+its current step (a compile cannot be cut short: hence the margin to 8 minutes).
+The report names both. Results are rewritten after every run. Rounds after the
+first take their programs from JAX's compilation cache (a folder of its own for
+each invocation), so repeats cost little more than their steps.
+
+    python -m bench.gpu_speedup --out bench-out           # on the GPU host
+    python -m bench.gpu_speedup --smoke --out /tmp/smoke  # tiny shapes, same code path
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+STARTED = time.monotonic()
+"""The budget counts from here: before JAX, Keras and the device start up."""
+
+os.environ["KERAS_BACKEND"] = "jax"  # Whatever the environment says: this measures the JAX engine.
+if __package__ in (None, ""):  # python bench/gpu_speedup.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import keras  # noqa: E402
+
+from app.config import Settings  # noqa: E402
+from app.errors import JobFailed  # noqa: E402
+from app.schemas import CnnModel, JobSpec, TransformerModel  # noqa: E402
+from bench.report import Row, median, table  # noqa: E402
+from worker.engine import release_memory, run_job  # noqa: E402
+from worker.telemetry import ListReporter  # noqa: E402
+
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+GOAL = 2.5
+"""Least speedup over float32 each mixed policy should reach on the transformer."""
+FLOAT32_MATMUL = {"default": "JAX's default (TF32 on Ampere and newer GPUs)", "highest": "IEEE float32"}
+HEAVY_MODULES = ("tensorflow", "redis", "rq", "fastapi", "tensorboard")
+"""What a GPU host without the service's stack lacks: none of it may be imported."""
+
+
+@dataclass(frozen=True)
+class Model:
+    model: dict[str, Any]
+    batch_size: int
+
+    @property
+    def name(self) -> str:
+        return str(self.model["name"])
+
+    def spec(self, policy: str, steps: int) -> JobSpec:
+        return JobSpec.model_validate({
+            "model": self.model, "precision_policy": policy,
+            "training": {"steps": steps, "batch_size": self.batch_size, "checkpoint_every": 10_000_000},
+            # Few samples: the data is built on the host, and a large set would only cost time.
+            "dataset": {"samples": 2 * self.batch_size},
+        })
+
+
+FULL = (
+    Model({"name": "transformer", "seq_len": 512, "vocab_size": 32_000, "d_model": 1024, "heads": 16,
+           "layers": 8, "ffn_dim": 4096}, 64),
+    Model({"name": "cnn", "image_size": 128, "filters": 256}, 128),
+)
+SMOKE = (
+    # Dropout sends Keras's attention down its einsum path: JAX's fused one asks for
+    # float16 x float16 -> float32 products, which its CPU backend cannot compile.
+    Model({"name": "transformer", "seq_len": 16, "vocab_size": 64, "d_model": 32, "heads": 2, "layers": 1,
+           "ffn_dim": 64, "dropout": 0.1}, 8),
+    Model({"name": "cnn", "image_size": 16, "filters": 4}, 8),
+)
+
+
+def flops_per_step(spec: JobSpec) -> float:
+    """Model FLOPs of one training step (the formulas in the module docstring)."""
+    m, b = spec.model, spec.training.batch_size
+    if isinstance(m, TransformerModel):
+        s, d, f, layers = m.seq_len, m.d_model, m.ffn_dim, m.layers
+        return float(6 * layers * (4 * d * d + 2 * d * f) * b * s + 12 * layers * s * s * d * b + 6 * d * m.classes * b)
+    if isinstance(m, CnnModel):
+        h, f = m.image_size, m.filters
+        return float(6 * (h * h * 9 * 3 * f + (h // 2) ** 2 * 9 * f * 2 * f + 2 * f * m.classes) * b)
+    raise ValueError(f"Expected a transformer or cnn model. Received: model={m!r}")
+
+
+def label(policy: str) -> str:
+    return "mixed_float16 + dynamic" if policy == "mixed_float16" else policy
+
+
+@dataclass
+class Case:
+    model: Model
+    policy: str
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+    def windows(self, round_: int | None = None) -> list[float]:
+        return [w for r in self.runs if round_ in (None, r["round"]) for w in r["windows_ms"]]
+
+
+def run_once(spec: JobSpec, warmup: int, steps: int, windows: int, deadline: float, round_: int) -> dict[str, Any]:
+    """Train `spec` for warmup + steps steps; the window medians of its step intervals, in ms."""
+    reporter, total, calls = ListReporter(), warmup + steps, 0
+
+    def should_stop() -> bool:
+        # Stopping at the last step also skips saving model.keras, which costs
+        # seconds for the large models and measures nothing.
+        nonlocal calls
+        calls += 1
+        return calls >= total or time.monotonic() > deadline
+
+    begin, began_at, error, device = time.monotonic(), time.time(), None, None
+    with tempfile.TemporaryDirectory(prefix="gpu-speedup-") as checkpoint_dir:
+        try:
+            result = run_job(spec, reporter=reporter, checkpoint_dir=Path(checkpoint_dir),
+                             should_stop=should_stop, settings=Settings())
+            device = result.device.describe()
+        except JobFailed as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            release_memory()
+    records = reporter.records
+    intervals = [b.time - a.time for a, b in zip(records[warmup - 1:], records[warmup:], strict=False)]
+    n = len(intervals)
+    chunks = [intervals[i * n // windows:(i + 1) * n // windows] for i in range(windows)]
+    measured = records[warmup:]
+    return {
+        "round": round_, "windows_ms": [median(c) * 1e3 for c in chunks if c],
+        "engine_step_time_ms": median(r.step_time_ms for r in measured) if measured else None,
+        "steps_done": len(records), "skipped_steps": sum(r.skipped for r in measured),
+        "setup_s": records[0].time - began_at if records else None, "wall_s": time.monotonic() - begin,
+        "stopped_by_budget": error is None and len(records) < total, "error": error, "device": device,
+    }
+
+
+def summarize(case: Case, baseline: Case, peak_tflops: float) -> dict[str, Any]:
+    spec = case.model.spec(case.policy, 1)
+    windows = case.windows()
+    step_ms = median(windows) if windows else None
+    ratios = [median(baseline.windows(r)) / median(case.windows(r))
+              for r in sorted({run["round"] for run in case.runs}) if case.windows(r) and baseline.windows(r)]
+    speedup = 1.0 if case is baseline and windows else (median(ratios) if ratios else None)
+    flops = flops_per_step(spec)
+    tflops = flops / (step_ms / 1e3) / 1e12 if step_ms else None
+    has_goal = case.model.name == "transformer" and case.policy != "float32"
+    return {
+        "model": case.model.name, "policy": case.policy, "label": label(case.policy),
+        "model_spec": spec.model.model_dump(), "batch_size": case.model.batch_size,
+        "flops_per_step": flops, "step_time_ms": step_ms,
+        "window_ms_min": min(windows) if windows else None, "window_ms_max": max(windows) if windows else None,
+        "examples_per_sec": case.model.batch_size / (step_ms / 1e3) if step_ms else None,
+        "speedup": speedup, "speedup_per_round": [1.0] * len(ratios) if case is baseline else ratios,
+        "tflops": tflops, "peak_percent": 100 * tflops / peak_tflops if tflops else None,
+        "goal": f">= {GOAL}x float32" if has_goal else "",
+        "met": (speedup is not None and speedup >= GOAL) if has_goal else None,
+        "runs": case.runs,
+    }
+
+
+def estimate(case: Case, cases: list[Case]) -> float:
+    """Seconds the case's next run should take: as its repeats took (their compile
+    comes from the cache), else its first run less the set-up, else the longest run
+    of its model, else of any."""
+    if len(case.runs) > 1:
+        return float(max(r["wall_s"] for r in case.runs[1:]))
+    if case.runs:
+        return float(case.runs[0]["wall_s"] - (case.runs[0]["setup_s"] or 0.0))
+    for same_model in (True, False):
+        walls = [r["wall_s"] for c in cases if c.model == case.model or not same_model for r in c.runs]
+        if walls:
+            return float(max(walls))
+    return 0.0
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment(args: argparse.Namespace) -> dict[str, Any]:
+    device = jax.devices()[0]
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "devices": [str(d) for d in jax.devices()], "platform": device.platform,
+        "device_kind": device.device_kind, "compute_capability": getattr(device, "compute_capability", None),
+        "jax": jax.__version__, "jaxlib": _version("jaxlib"), "keras": keras.__version__,
+        "keras_backend": keras.backend.backend(), "python": platform.python_version(),
+        "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "float32_matmul": FLOAT32_MATMUL[args.float32_matmul], "peak_tflops": args.peak_tflops,
+    }
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
+
+
+def _times(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
+
+
+def report(results: list[dict[str, Any]], env: dict[str, Any], notes: list[str], args: argparse.Namespace) -> str:
+    float32 = {r["model"]: r for r in results if r["policy"] == "float32"}
+    rows = [Row("gpu speedup", f"{r['model']} {r['label']}", "float32", float32[r["model"]]["examples_per_sec"],
+                r["examples_per_sec"], "examples/s", r["speedup"], r["goal"], r["met"])
+            for r in results if r["examples_per_sec"] is not None]
+    lines = [
+        f"# GPU speedup through the engine — {env['date']}",
+        "",
+        f"{env['device_kind']} ({env['platform']}, {len(env['devices'])} device(s)), jax {env['jax']}, "
+        f"keras {env['keras']} ({env['keras_backend']}), Python {env['python']}; float32 matmuls: "
+        f"{env['float32_matmul']}; {args.warmup} warm-up + {args.steps} measured steps in {args.windows} "
+        f"windows per run, up to {args.rounds} round(s); peak {args.peak_tflops:g} TFLOP/s (dense bf16).",
+        "",
+        table(rows),
+        "",
+        "| model | policy | batch | step ms (median) | windows min–max ms | examples/s | speedup | TFLOP/s "
+        "| % of bf16 peak | runs |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        ok = [run for run in r["runs"] if run["windows_ms"]]
+        spread = f"{_num(r['window_ms_min'])}–{_num(r['window_ms_max'])}" if ok else "—"
+        lines.append(f"| {r['model']} | {r['label']} | {r['batch_size']} | {_num(r['step_time_ms'])} | "
+                     f"{spread} | {_num(r['examples_per_sec'])} | {_times(r['speedup'])} | {_num(r['tflops'])} | "
+                     f"{_num(r['peak_percent'])} | {len(ok)} |")
+    goal = [r for r in results if r["goal"]]
+    verdict = "met" if goal and all(r["met"] for r in goal) else "NO"
+    parts = ", ".join(f"{r['label']} {_times(r['speedup'])}" for r in goal)
+    lines += ["", f"Goal (transformer, each mixed policy >= {GOAL}x float32): **{verdict}** ({parts})."]
+    lines += ["", *[f"- {n}" for n in notes]] if notes else []
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for the table and JSON")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes and few steps (CPU), same code path")
+    parser.add_argument("--rounds", type=int, help="times each case runs, policies alternating (3; smoke 1)")
+    parser.add_argument("--warmup", type=int, help="steps left out of each run's timing (5; smoke 2)")
+    parser.add_argument("--steps", type=int, help="measured steps per run (30; smoke 6)")
+    parser.add_argument("--windows", type=int, help="measurement windows per run (3; smoke 2)")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="wall-clock budget from start-up, seconds")
+    parser.add_argument("--peak-tflops", type=float, default=790.0, help="the chip's dense bf16 peak")
+    parser.add_argument("--float32-matmul", choices=tuple(FLOAT32_MATMUL), default="default",
+                        help="JAX matmul precision for float32 inputs: default is TF32 on Ampere and newer")
+    args = parser.parse_args(argv)
+    for name, full, smoke in (("rounds", 3, 1), ("warmup", 5, 2), ("steps", 30, 6), ("windows", 3, 2)):
+        if getattr(args, name) is None:
+            setattr(args, name, smoke if args.smoke else full)
+    if args.warmup < 1 or args.steps < args.windows or args.windows < 1 or args.rounds < 1:
+        parser.error("need warmup >= 1, windows >= 1, steps >= windows and rounds >= 1")
+    return args
+
+
+def measure(args: argparse.Namespace, cases: list[Case], env: dict[str, Any], notes: list[str]) -> None:
+    """Run the cases round after round, policies back to back, within the budget."""
+    deadline = STARTED + args.budget_s
+    skipped: dict[int, list[str]] = {}
+    for round_ in range(1, args.rounds + 1):
+        for model in dict.fromkeys(c.model.name for c in cases):
+            group = [c for c in cases if c.model.name == model]
+            for i, case in enumerate(group):
+                # After round 1, a round's float32 run is only worth starting if its mixed runs fit too.
+                need = sum(estimate(c, cases) for c in group) if round_ > 1 and i == 0 else estimate(case, cases)
+                if time.monotonic() + need > deadline:
+                    names = group[i:] if round_ > 1 else [case]
+                    skipped.setdefault(round_, []).extend(f"{c.model.name} {label(c.policy)}" for c in names)
+                    if round_ > 1:
+                        break
+                    continue
+                spec = case.model.spec(case.policy, args.warmup + args.steps)
+                run = run_once(spec, args.warmup, args.steps, args.windows, deadline, round_)
+                case.runs.append(run)
+                name = f"round {round_}: {case.model.name} {label(case.policy)}"
+                if run["stopped_by_budget"]:
+                    notes.append(f"{name} was stopped by the budget after {run['steps_done']} steps.")
+                if run["error"]:
+                    notes.append(f"{name} failed: {run['error']}")
+                if run["skipped_steps"]:  # Overflow skips leave out the update: cheaper steps.
+                    notes.append(f"{name} skipped {run['skipped_steps']} of its measured steps (loss scale).")
+                print(f"{name}: {', '.join(f'{w:.2f}' for w in run['windows_ms']) or 'no'} ms/step, "
+                      f"setup {_num(run['setup_s'])} s, wall {run['wall_s']:.1f} s", flush=True)
+                write(args, cases, env, notes)
+    notes += [f"round {r}: skipped {'all' if len(names) == len(cases) else ', '.join(names)}: too little of the "
+              f"{args.budget_s:g} s budget was left." for r, names in skipped.items()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if keras.backend.backend() != "jax":
+        raise SystemExit(f"Expected the JAX backend. Received: keras backend {keras.backend.backend()!r} "
+                         "(keras was imported before this module set KERAS_BACKEND=jax).")
+    if args.float32_matmul != "default":
+        jax.config.update("jax_default_matmul_precision", args.float32_matmul)
+    env = environment(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    cases = [Case(m, p) for m in (SMOKE if args.smoke else FULL) for p in POLICIES]
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="gpu-speedup-cache-") as cache:
+        # Later rounds build the same programs: the cache spares them most of the compile time.
+        jax.config.update("jax_compilation_cache_dir", cache)
+        measure(args, cases, env, notes)
+    results, text = write(args, cases, env, notes)
+    print(text, end="")
+    missing = [f"{r['model']} {r['label']}" for r in results if r["step_time_ms"] is None]
+    if missing:
+        print(f"Not measured: {', '.join(missing)} (see the notes).", file=sys.stderr)
+    return 1 if missing else 0
+
+
+def write(args: argparse.Namespace, cases: list[Case], env: dict[str, Any],
+          notes: list[str]) -> tuple[list[dict[str, Any]], str]:
+    """Write the table and the raw JSON (after every run, so a killed run leaves them)."""
+    baselines = {c.model.name: c for c in cases if c.policy == "float32"}
+    results = [summarize(c, baselines[c.model.name], args.peak_tflops) for c in cases]
+    text = report(results, env, notes, args)
+    payload = {
+        "benchmark": "gpu speedup", "smoke": args.smoke, "config": vars(args),
+        "environment": env, "cases": results, "notes": notes, "elapsed_s": time.monotonic() - STARTED,
+        "heavy_modules_imported": sorted(m for m in HEAVY_MODULES if m in sys.modules),
+    }
+    (args.out / "gpu_speedup.md").write_text(text)
+    (args.out / "gpu_speedup.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    return results, text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The GPU speedup benchmark's smoke run, as on a GPU host that has JAX but not the service's stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+ABSENT = ("tensorflow", "redis", "rq", "fastapi", "tensorboard")
+
+# Makes ABSENT unimportable, as on the GPU host: an import that needs one fails
+# the run, and an optional one (Keras probes for TensorFlow) takes the other branch.
+HOST_WITHOUT = f"""
+import importlib.abc, runpy, sys
+
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {ABSENT!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} on this host", name=name)
+        return None
+
+sys.meta_path.insert(0, Absent())
+sys.argv = ["gpu_speedup", *sys.argv[1:]]
+runpy.run_module("bench.gpu_speedup", run_name="__main__", alter_sys=True)
+"""
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
+            # Tiny models: LLVM's optimisations would take longer than the steps they speed up.
+            "XLA_FLAGS": "--xla_backend_optimization_level=0"}
+
+
+def test_importing_the_benchmark_imports_none_of_the_service_stack() -> None:
+    check = f"import sys, bench.gpu_speedup; print([m for m in {ABSENT!r} if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env(), cwd=ROOT,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_smoke_run_reports_every_case_without_the_service_stack(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-c", HOST_WITHOUT, "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, env=env(), cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    table = (out / "gpu_speedup.md").read_text()
+    data: dict[str, Any] = json.loads((out / "gpu_speedup.json").read_text())
+    assert table in done.stdout
+    assert data["heavy_modules_imported"] == []
+    assert data["environment"]["keras_backend"] == "jax"
+    assert data["environment"]["platform"] == "cpu"
+    cases = data["cases"]
+    assert [(c["model"], c["policy"]) for c in cases] == [
+        (model, policy) for model in ("transformer", "cnn")
+        for policy in ("float32", "mixed_float16", "mixed_bfloat16")
+    ]
+    for case in cases:
+        assert case["step_time_ms"] > 0 and case["examples_per_sec"] > 0, case
+        assert case["speedup"] > 0
+        assert case["tflops"] > 0 and case["peak_percent"] > 0
+        assert [run["error"] for run in case["runs"]] == [None]
+        assert case["runs"][0]["steps_done"] == data["config"]["warmup"] + data["config"]["steps"]
+        assert f"| {case['model']} | {case['label']} |" in table
+    assert [c["speedup"] for c in cases if c["policy"] == "float32"] == [1.0, 1.0]
+    # The transformer's FLOPs per step, by the docstring's formula at the smoke shapes.
+    b, s, d, f, layers, classes = 8, 16, 32, 64, 1, 10
+    expected = 6 * layers * (4 * d * d + 2 * d * f) * b * s + 12 * layers * s * s * d * b + 6 * d * classes * b
+    assert cases[0]["flops_per_step"] == expected
+    assert [c["goal"] != "" for c in cases] == [False, True, True, False, False, False]
+    assert "Goal (transformer, each mixed policy >= 2.5x float32)" in table

@@ -1,6 +1,7 @@
 """Run one job spec locally: `python -m worker.train SPEC.json [--out DIR]`.
 
-Prints one JSON line per step record, then one `{"summary": ...}` line. A
+Prints one JSON line per step record, then one `{"summary": ...}` line, and
+writes TensorBoard event files under `DIR/tensorboard`. A
 failure prints `{"error": {"reason", "message"}}` and exits 1; a bad spec
 prints the field errors and exits 2. Rerunning with the same `--out` resumes
 from its checkpoint.
@@ -56,17 +57,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_error_line("invalid_spec", "the job spec is invalid", errors=errors))
         return EXIT_BAD_SPEC
     out = args.out or Path(tempfile.mkdtemp(prefix="mpjobs-run-"))
-    print(f"mpjobs: checkpoints and model in {out}", file=sys.stderr)
+    print(f"mpjobs: checkpoints, model and TensorBoard events in {out}", file=sys.stderr)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from worker import checkpoint
     from worker.engine import run_job  # Imports the ML backend: after the cheap checks.
+    from worker.telemetry import FanOut
+    from worker.tensorboard import LOGDIR, TensorBoardReporter
 
-    reporter = JsonLinesReporter()
+    board = TensorBoardReporter(out / LOGDIR, resume_step=checkpoint.saved_step(out))
     try:
-        result = run_job(spec, reporter=reporter, checkpoint_dir=out)
+        result = run_job(spec, reporter=FanOut(JsonLinesReporter(), board), checkpoint_dir=out)
     except JobFailed as exc:
         print(_error_line(exc.reason.value, exc.message))
         return EXIT_FAILED
+    finally:
+        board.close()
     print(json.dumps({
         "summary": result.summary.model_dump(mode="json"),
         "status": result.status,

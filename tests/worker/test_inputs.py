@@ -111,6 +111,11 @@ def test_cli_prints_one_line_per_step_then_the_summary(tmp_path: Path) -> None:
                              "zero_grad_fraction", "learning_rate", "examples_per_sec", "step_time_ms", "time"}
     assert lines[-1]["status"] == "succeeded" and lines[-1]["summary"]["steps_done"] == 7
     assert (tmp_path / "out" / "model.keras").exists() and (tmp_path / "out" / "checkpoint.npz").exists()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "out" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == list(range(1, 8))
 
 
 def test_cli_refuses_a_bad_spec_and_writes_nothing(tmp_path: Path) -> None:

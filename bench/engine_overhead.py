@@ -17,7 +17,6 @@ Goal: ratio <= 1.05.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import tempfile
@@ -32,7 +31,7 @@ import numpy as np  # noqa: E402
 
 from app.config import Settings  # noqa: E402
 from app.schemas import JobSpec  # noqa: E402
-from bench.report import Row, machine, table  # noqa: E402
+from bench.report import Row, cli  # noqa: E402
 from worker.data import load_dataset  # noqa: E402
 from worker.engine import run_job  # noqa: E402
 from worker.models import build_model  # noqa: E402
@@ -120,15 +119,5 @@ def run(quick: bool = False, repeats: int = 5) -> list[Row]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="float32 cases only, fewer steps")
-    args = parser.parse_args()
-    print(f"# Engine overhead vs bare model.fit — {machine()}, keras {keras.__version__} "
-          f"({keras.backend.backend()}), median of {args.repeats}")
-    print(table(run(args.quick, args.repeats)))
-
-
 if __name__ == "__main__":
-    main()
+    cli(f"Engine overhead vs bare model.fit, keras {keras.__version__} ({keras.backend.backend()})", __doc__, run)

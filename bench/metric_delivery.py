@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -27,7 +26,7 @@ from typing import Any
 from app.config import Settings
 from app.schemas import StepRecord
 from app.store import JobStore
-from bench.report import Row, machine, median, percentile, table
+from bench.report import Row, cli, median, percentile
 from tests.stack import RedisServer, Stack, iter_sse
 
 SPEC: dict[str, Any] = {"model": {"name": "mlp"}, "precision_policy": "float32", "training": {"steps": 1500},
@@ -119,14 +118,5 @@ def run(quick: bool = False, repeats: int = 3) -> list[Row]:
     ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    print(f"# Metric delivery — {machine()}")
-    print(table(run(args.quick, args.repeats)))
-
-
 if __name__ == "__main__":
-    main()
+    cli("Metric delivery", __doc__, run)

@@ -8,10 +8,11 @@ benchmark repeats (else value / baseline).
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
@@ -67,3 +68,13 @@ def table(rows: Sequence[Row]) -> str:
         lines.append(f"| {r.benchmark} | {r.case} | {r.baseline} | {_num(r.baseline_value)} | {_num(r.value)} "
                      f"| {r.unit} | {'—' if r.ratio is None else f'{r.ratio:.3f}'} | {r.goal} | {met} |")
     return "\n".join(lines)
+
+
+def cli(title: str, doc: str, run: Callable[..., list[Row]]) -> None:
+    """`python -m bench.NAME [--quick] [--repeats N]`: one benchmark, its table."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--repeats", type=int, help="repeats per measurement (default: the benchmark's)")
+    parser.add_argument("--quick", action="store_true", help="smaller runs, for a smoke check")
+    args = parser.parse_args()
+    print(f"# {title} — {machine()}")
+    print(table(run(quick=args.quick, **({"repeats": args.repeats} if args.repeats else {}))))

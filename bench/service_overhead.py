@@ -21,7 +21,6 @@ Goal: no more than 2 s extra over the local run on a warm worker.
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
@@ -34,8 +33,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import redis  # noqa: E402
 from rq.job import Job as RQJob  # noqa: E402
 
-from bench.report import Row, machine, median, table  # noqa: E402
-from tests.stack import RedisServer, Stack, iter_sse  # noqa: E402
+from bench.report import Row, cli, median  # noqa: E402
+from tests.stack import Stack, iter_sse, private_stack  # noqa: E402
 
 GOAL_EXTRA_S = 2.0
 SPEC: dict[str, Any] = {"model": {"name": "mlp"}, "precision_policy": "float32",
@@ -88,25 +87,16 @@ def run(quick: bool = False, repeats: int = 5) -> list[Row]:
     repeats = 2 if quick else repeats
     local_run(spec)  # warm: TensorFlow's graphs and the allocator, as a long-lived worker has them
     locals_, services, extras, phases = [], [], [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        server = RedisServer(Path(tmp))
-        server.start()
-        stack = Stack(server, Path(tmp))
-        try:
-            stack.start_api()
-            stack.start_worker()
-            raw = redis.Redis.from_url(server.url)
-            service_run(stack, raw, spec)  # warm the worker the same way
-            for _ in range(repeats):
-                wall, _ = local_run(spec)
-                total, split = service_run(stack, raw, spec)
-                locals_.append(wall)
-                services.append(total)
-                extras.append(total - wall)
-                phases.append(split)
-        finally:
-            stack.stop()
-            server.stop()
+    with tempfile.TemporaryDirectory() as tmp, private_stack(Path(tmp)) as stack:
+        raw = redis.Redis.from_url(stack.redis.url)
+        service_run(stack, raw, spec)  # warm the worker the same way
+        for _ in range(repeats):
+            wall, _ = local_run(spec)
+            total, split = service_run(stack, raw, spec)
+            locals_.append(wall)
+            services.append(total)
+            extras.append(total - wall)
+            phases.append(split)
     local, service, extra = median(locals_), median(services), median(extras)
     case = f"mlp float32, {spec['training']['steps']} steps"
     rows = [Row("service overhead", f"{case}: POST -> end event", "local run_job (warm)", local, service, "s",
@@ -116,14 +106,5 @@ def run(quick: bool = False, repeats: int = 5) -> list[Row]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    print(f"# Service overhead — {machine()}")
-    print(table(run(args.quick, args.repeats)))
-
-
 if __name__ == "__main__":
-    main()
+    cli("Service overhead", __doc__, run)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -52,6 +53,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.aredis = redis.asyncio.Redis.from_url(settings.redis_url, decode_responses=True,
                                                         socket_connect_timeout=2)
         app.state.store = JobStore(app.state.redis)
+        # Everything imported and built so far lives as long as the process: keep it out of
+        # the collector's generations, so a full collection does not walk it mid-request.
+        gc.freeze()
         yield
         app.state.redis.close()
         app.state.rq_redis.close()

@@ -454,10 +454,16 @@ class JobStore:
         last = self.redis.xrevrange(metrics_key(job_id), count=1)
         total = int(last[0][0].split("-")[0]) if last else 0
         if total <= RAW_BUCKET_LIMIT:
-            rollups = [_single(json.loads(f["r"])) for _, f in self.redis.xrange(metrics_key(job_id))]
-            per_point = max(1, math.ceil(len(rollups) / max_points))
-            return MetricsBuckets(job_id=job_id, total_steps=total,
-                                  buckets=bucketize(rollups, math.ceil(len(rollups) / per_point)))
+            # Each record is folded straight into its bucket's rollup: one pass, no per-record rollups.
+            entries = self.redis.xrange(metrics_key(job_id))
+            per_point = max(1, math.ceil(len(entries) / max_points))
+            buckets: list[Bucket] = []
+            for start in range(0, len(entries), per_point):
+                merged = Rollup()
+                for _, fields in entries[start:start + per_point]:
+                    merged.add(json.loads(fields["r"]))
+                buckets.append(merged.bucket())
+            return MetricsBuckets(job_id=job_id, total_steps=total, buckets=buckets)
         stored = [Rollup.from_json(json.loads(f["a"])) for _, f in self.redis.xrange(rollup_key(job_id))]
         covered = stored[-1].last_step if stored else 0
         tail = Rollup()
@@ -466,14 +472,8 @@ class JobStore:
         parts = stored + ([tail] if tail.steps else [])
         # Group whole rollups so that no more than max_points buckets come back.
         groups = math.ceil(len(parts) / max_points)
-        buckets: list[Bucket] = bucketize(parts, math.ceil(len(parts) / groups))
-        return MetricsBuckets(job_id=job_id, total_steps=total, buckets=buckets)
-
-
-def _single(record: dict[str, Any]) -> Rollup:
-    rollup = Rollup()
-    rollup.add(record)
-    return rollup
+        return MetricsBuckets(job_id=job_id, total_steps=total,
+                              buckets=bucketize(parts, math.ceil(len(parts) / groups)))
 
 
 __all__ = ["ROLLUP_STEPS", "JobStore"]

@@ -10,23 +10,23 @@ from app.config import Settings
 from app.store import JobStore
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_rq_redis(request: Request) -> Redis:
+async def get_rq_redis(request: Request) -> Redis:
     """RQ's connection: raw bytes (RQ stores pickles), unlike the store's decoded one."""
     redis: Redis = request.app.state.rq_redis
     return redis
 
 
-def get_store(request: Request) -> JobStore:
+async def get_store(request: Request) -> JobStore:
     store: JobStore = request.app.state.store
     return store
 
 
-def get_tenant(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
+async def get_tenant(request: Request, authorization: Annotated[str | None, Header()] = None) -> str:
     """The caller's tenant from its Bearer key; the open tenant when no keys are set."""
     return tenant_for(request.app.state.api_keys, authorization)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Response, status
+from fastapi.concurrency import run_in_threadpool
 
 from app import services
 from app.api.deps import RQRedisDep, StoreDep, TenantDep
@@ -31,30 +32,30 @@ EXAMPLES = {
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=Comparison)
-def submit_comparison(spec: Annotated[ComparisonSpec, Body(openapi_examples=EXAMPLES)], store: StoreDep,
+async def submit_comparison(spec: Annotated[ComparisonSpec, Body(openapi_examples=EXAMPLES)], store: StoreDep,
                       redis: RQRedisDep, tenant: TenantDep, response: Response) -> Comparison:
     """Run the spec once per precision variant, same seed and data, and compare each with float32."""
-    comparison = services.submit_comparison(store, redis, spec, tenant)
+    comparison = await run_in_threadpool(services.submit_comparison, store, redis, spec, tenant)
     response.headers["Location"] = f"/comparisons/{comparison.id}"
     return comparison
 
 
 @router.get("", response_model=ComparisonPage)
-def list_comparisons(
+async def list_comparisons(
     store: StoreDep, tenant: TenantDep, limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[int | None, Query(ge=0, description="next_cursor of the previous page")] = None,
 ) -> ComparisonPage:
-    return services.list_comparisons(store, tenant, limit, cursor)
+    return await run_in_threadpool(services.list_comparisons, store, tenant, limit, cursor)
 
 
 @router.get("/{comparison_id}", response_model=Comparison, responses=NOT_FOUND)
-def get_comparison(comparison_id: str, store: StoreDep, tenant: TenantDep) -> Comparison:
+async def get_comparison(comparison_id: str, store: StoreDep, tenant: TenantDep) -> Comparison:
     """Per variant: final loss and its gap to float32, examples/s and speedup, skips, zero gradients,
     diagnoses; then the verdict in words."""
-    return services.get_comparison(store, comparison_id, tenant)
+    return await run_in_threadpool(services.get_comparison, store, comparison_id, tenant)
 
 
 @router.delete("/{comparison_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Comparison,
                responses=NOT_FOUND)
-def cancel_comparison(comparison_id: str, store: StoreDep, redis: RQRedisDep, tenant: TenantDep) -> Comparison:
-    return services.cancel_comparison(store, redis, comparison_id, tenant)
+async def cancel_comparison(comparison_id: str, store: StoreDep, redis: RQRedisDep, tenant: TenantDep) -> Comparison:
+    return await run_in_threadpool(services.cancel_comparison, store, redis, comparison_id, tenant)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
+from fastapi.concurrency import run_in_threadpool
 
 from app import services
 from app.api.deps import RQRedisDep, TenantDep
@@ -10,7 +11,7 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", response_model=Health)
-def healthz() -> Health:
+async def healthz() -> Health:
     """Liveness: the API process answers."""
     return Health(status="ok")
 
@@ -18,9 +19,9 @@ def healthz() -> Health:
 @router.get("/readyz", response_model=Health, responses={
     **ERROR_RESPONSES, 503: {"model": Health | ErrorBody, "description": "No workers, or Redis unreachable"},
 })
-def readyz(redis: RQRedisDep, response: Response, tenant: TenantDep) -> Health:
+async def readyz(redis: RQRedisDep, response: Response, tenant: TenantDep) -> Health:
     """Readiness: Redis answers, and live workers per queue."""
-    health = services.readiness(redis)
+    health = await run_in_threadpool(services.readiness, redis)
     if health.status != "ok":
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     return health

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from app import services
@@ -14,7 +15,7 @@ router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"], responses=
 
 
 @router.get("", response_model=MetricsPage | MetricsBuckets)
-def read_metrics(
+async def read_metrics(
     job_id: str,
     store: StoreDep,
     tenant: TenantDep,
@@ -24,12 +25,12 @@ def read_metrics(
 ) -> MetricsPage | MetricsBuckets:
     """Step records in step order, each once; or, with `max_points`, min/mean/max buckets over the whole run."""
     if max_points is not None:
-        return services.buckets(store, job_id, tenant, max_points)
-    return services.metrics(store, job_id, tenant, after, limit)
+        return await run_in_threadpool(services.buckets, store, job_id, tenant, max_points)
+    return await run_in_threadpool(services.metrics, store, job_id, tenant, after, limit)
 
 
 @router.get("/stream", response_class=StreamingResponse)
-def stream_metrics(
+async def stream_metrics(
     job_id: str,
     request: Request,
     store: StoreDep,
@@ -38,7 +39,7 @@ def stream_metrics(
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> StreamingResponse:
     """Server-Sent Events: `metrics` (id = step), `state`, and `end` once the job is terminal."""
-    services.get(store, job_id, tenant)
+    await run_in_threadpool(services.get, store, job_id, tenant)
     start = int(last_event_id) if last_event_id and last_event_id.isdigit() else (after or 0)
     return StreamingResponse(
         stream_job(request.app.state.aredis, job_id, start, request.is_disconnected),

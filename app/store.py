@@ -46,7 +46,7 @@ from app.resources import (
     Transition,
     WorkerInfo,
 )
-from app.rollup import ROLLUP_STEPS, Rollup, bucketize
+from app.rollup import ROLLUP_STEPS, Rollup, bucketize_json
 from app.schemas import ComparisonSpec, JobSpec, StepRecord, Summary
 
 PREFIX = "mpjobs:"
@@ -464,16 +464,18 @@ class JobStore:
                     merged.add(json.loads(fields["r"]))
                 buckets.append(merged.bucket())
             return MetricsBuckets(job_id=job_id, total_steps=total, buckets=buckets)
-        stored = [Rollup.from_json(json.loads(f["a"])) for _, f in self.redis.xrange(rollup_key(job_id))]
-        covered = stored[-1].last_step if stored else 0
+        # One json.loads for all stored rollups; they are merged in their JSON form.
+        raw = [f["a"] for _, f in self.redis.xrange(rollup_key(job_id))]
+        stored: list[dict[str, Any]] = json.loads(f"[{','.join(raw)}]")
+        covered = stored[-1]["last_step"] if stored else 0
         tail = Rollup()
         for _, f in self.redis.xrange(metrics_key(job_id), min=f"({covered}-0", max="+"):
             tail.add(json.loads(f["r"]))
-        parts = stored + ([tail] if tail.steps else [])
+        parts = stored + ([tail.to_json()] if tail.steps else [])
         # Group whole rollups so that no more than max_points buckets come back.
         groups = math.ceil(len(parts) / max_points)
-        return MetricsBuckets(job_id=job_id, total_steps=total,
-                              buckets=bucketize(parts, math.ceil(len(parts) / groups)))
+        per_bucket = math.ceil(len(parts) / math.ceil(len(parts) / groups))
+        return MetricsBuckets(job_id=job_id, total_steps=total, buckets=bucketize_json(parts, per_bucket))
 
 
 __all__ = ["ROLLUP_STEPS", "JobStore"]

@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 
 from redis import Redis
-from rq import Queue, Worker
+from rq import Queue, Worker, worker_registration
 
 from app import comparisons
 from app import queue as queues
@@ -59,7 +59,8 @@ def get(store: JobStore, job_id: str, tenant: str, rq_redis: Redis | None = None
     if job is None:
         raise JobNotFound(job_id)
     if rq_redis is not None and job.state is JobState.QUEUED:
-        if not Worker.count(connection=rq_redis, queue=Queue(job.queue, connection=rq_redis)):
+        # RQ's per-queue worker set (what Worker.count reads), counted in Redis: one SCARD.
+        if not rq_redis.scard(worker_registration.WORKERS_BY_QUEUE_KEY % job.queue):
             kind = {"gpu": "a GPU worker", "cpu": "a CPU worker"}.get(job.queue, "a worker")
             job.waiting_reason = (f"No live worker listens on queue '{job.queue}': it waits until {kind} "
                                   "starts (python -m worker).")

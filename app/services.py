@@ -12,7 +12,7 @@ from app import comparisons
 from app import queue as queues
 from app.config import Settings
 from app.errors import ArtifactNotFound, ComparisonNotFound, IdempotencyConflict, JobNotFound, ServiceUnavailable
-from app.resources import Comparison, ComparisonPage, Health, Job, JobPage, JobState, MetricsBuckets, MetricsPage
+from app.resources import Comparison, ComparisonPage, Health, Job, JobPage, JobState, MetricsPage
 from app.schemas import ComparisonSpec, JobSpec
 from app.store import ComparisonRecord, JobStore
 
@@ -91,9 +91,16 @@ def metrics(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -
     return store.read_metrics(job_id, after, min(limit, MAX_PAGE))
 
 
-def buckets(store: JobStore, job_id: str, tenant: str, max_points: int) -> MetricsBuckets:
-    get(store, job_id, tenant)
-    return store.read_buckets(job_id, max_points)
+def buckets_json(store: JobStore, job_id: str, tenant: str, max_points: int) -> str:
+    """The bucketed view as JSON. An ended job's view can no longer change: it is computed once
+    and then served from Redis, so a dashboard reopening a 100k-step run costs one GET."""
+    ended = get(store, job_id, tenant).state.terminal
+    if ended and (cached := store.cached_view(job_id, max_points)) is not None:
+        return cached
+    body = store.read_buckets(job_id, max_points).model_dump_json()
+    if ended:
+        store.cache_view(job_id, max_points, body)
+    return body
 
 
 def artifact(store: JobStore, settings: Settings, job_id: str, tenant: str) -> Path:

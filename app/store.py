@@ -9,6 +9,7 @@ Keys (prefix `mpjobs:`):
     jobs:{tenant}:{state} zset the tenant's job ids in that state, same scores
     idem:{tenant}:{sha} string Idempotency-Key -> {fingerprint, job_id}, kept IDEMPOTENCY_TTL_S
     job:{id}:lease      string the running attempt's lease, renewed while it lives
+    job:{id}:view:{n}   string an ended job's `max_points=n` view as JSON, kept VIEW_TTL_S
     running             set    ids of running jobs, for the reaper
     seq                 string creation sequence counter
     tenants             set    every tenant that has created a job (for /metrics)
@@ -52,6 +53,8 @@ from app.schemas import ComparisonSpec, JobSpec, StepRecord, Summary
 PREFIX = "mpjobs:"
 IDEMPOTENCY_TTL_S = 24 * 3600
 """How long an Idempotency-Key is remembered."""
+VIEW_TTL_S = 24 * 3600
+"""How long an ended job's bucketed view stays cached (it can no longer change)."""
 RAW_BUCKET_LIMIT = 4096
 """Up to this many steps, buckets are cut from the raw series; beyond, from rollups."""
 
@@ -137,6 +140,10 @@ def metrics_key(job_id: str) -> str:
 
 def rollup_key(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:rollup"
+
+
+def view_key(job_id: str, max_points: int) -> str:
+    return f"{PREFIX}job:{job_id}:view:{max_points}"
 
 
 def lease_key(job_id: str) -> str:
@@ -449,6 +456,13 @@ class JobStore:
             expected = point.step + 1
         return MetricsPage(job_id=job_id, points=points, next_after=points[-1].step if more else None,
                            missing_steps=missing)
+
+    def cached_view(self, job_id: str, max_points: int) -> str | None:
+        found = self.redis.get(view_key(job_id, max_points))
+        return None if found is None else str(found)
+
+    def cache_view(self, job_id: str, max_points: int, body: str) -> None:
+        self.redis.set(view_key(job_id, max_points), body, ex=VIEW_TTL_S)
 
     def read_buckets(self, job_id: str, max_points: int) -> MetricsBuckets:
         last = self.redis.xrevrange(metrics_key(job_id), count=1)

@@ -184,3 +184,17 @@ def test_a_job_no_worker_can_take_says_why(stack: Stack, client: httpx.Client) -
     assert job["state"] == "queued"
     assert "queue 'gpu'" in job["waiting_reason"] and "GPU worker" in job["waiting_reason"]
     assert client.delete(f"/jobs/{job_id}").json()["state"] == "canceled"
+
+
+def test_an_ended_jobs_bucket_view_is_cached_and_identical(stack: Stack, client: httpx.Client) -> None:
+    job = client.post("/jobs", json={"model": {"name": "mlp"}, "training": {"steps": 30}}).json()
+    stack.wait_for_state(client, job["id"], {"succeeded"})
+    first = client.get(f"/jobs/{job['id']}/metrics", params={"max_points": 7})
+    assert first.status_code == 200 and first.headers["content-type"] == "application/json"
+    key = f"mpjobs:job:{job['id']}:view:7"
+    r = stack.redis.client()
+    assert r.get(key) == first.text and 0 < r.ttl(key) <= 24 * 3600
+    view = first.json()
+    assert view["total_steps"] == 30 and sum(b["steps"] for b in view["buckets"]) == 30
+    r.set(key, json.dumps({**view, "total_steps": 999}), keepttl=True)  # a marker: is the cache what is served?
+    assert client.get(f"/jobs/{job['id']}/metrics", params={"max_points": 7}).json()["total_steps"] == 999

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
@@ -22,10 +22,11 @@ async def read_metrics(
     after: Annotated[int, Query(ge=0, description="return steps after this one")] = 0,
     limit: Annotated[int, Query(ge=1, description=f"capped at {services.MAX_PAGE}")] = 1000,
     max_points: Annotated[int | None, Query(ge=1, le=10_000, description="bucket the whole run")] = None,
-) -> MetricsPage | MetricsBuckets:
+) -> MetricsPage | Response:
     """Step records in step order, each once; or, with `max_points`, min/mean/max buckets over the whole run."""
     if max_points is not None:
-        return await run_in_threadpool(services.buckets, store, job_id, tenant, max_points)
+        body = await run_in_threadpool(services.buckets_json, store, job_id, tenant, max_points)
+        return Response(body, media_type="application/json")  # already a MetricsBuckets, as JSON
     return await run_in_threadpool(services.metrics, store, job_id, tenant, after, limit)
 
 

@@ -6,6 +6,7 @@ stale and needs no writer: a comparison record is only its spec and job ids.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 
 from app.resources import Comparison, Job, JobState, VariantResult
@@ -89,7 +90,7 @@ def _phrase(r: VariantResult, tolerance: float) -> str:
     gap = r.loss_gap
     if UNDERFLOW in codes:
         cause = "without loss scaling" if r.loss_scale is None or r.loss_scale.mode == "none" else "even with scaling"
-        zero = f" ({r.peak_zero_grad_fraction:.0%} of gradient values exactly zero)" \
+        zero = f" (up to {math.floor(r.peak_zero_grad_fraction * 1000) / 10:g}% of gradient values exactly zero)" \
             if r.peak_zero_grad_fraction is not None else ""
         end = f", and its loss ends {_percent(gap, sign=True)} from float32's" if gap is not None else ""
         return f"{r.label}: {cause} gradients underflow{zero}{end}"
@@ -99,6 +100,19 @@ def _phrase(r: VariantResult, tolerance: float) -> str:
     if abs(gap) <= tolerance:
         return f"{r.label} matches float32 within {_percent(abs(gap))} {_speed(r.speedup)}{skips}"
     return f"{r.label} ends {_percent(gap, sign=True)} from float32's loss {_speed(r.speedup)}{skips}"
+
+
+def _risk_of(compute_dtype: str, mode: str) -> int:
+    """How much can go wrong numerically: bfloat16 keeps float32's range; float16 needs scaling."""
+    if compute_dtype != "float16":
+        return 0
+    return {"dynamic": 1, "fixed": 2}.get(mode, 3)
+
+
+def _risk(r: VariantResult) -> int:
+    full_low = r.precision_policy.variable_dtype != "float32"  # weights stored in 16 bits too
+    mode = r.loss_scale.mode if r.loss_scale is not None else "none"
+    return _risk_of(r.precision_policy.compute_dtype, mode) + (4 if full_low else 0)
 
 
 def _overlapped(jobs: list[Job]) -> bool:
@@ -123,8 +137,13 @@ def verdict(results: list[VariantResult], jobs: list[Job], tolerance: float,
         text += (f" {steps} steps are too few to judge speed; run at least {MIN_STEPS_FOR_SPEED} before choosing "
                  "a precision for speed.")
     elif faster:
-        best = max(faster, key=lambda r: r.speedup or 0.0)
+        # Speeds within noise of the fastest are a tie; a tie goes to the safest numerics.
+        top = max(r.speedup or 0.0 for r in faster)
+        best = min((r for r in faster if (r.speedup or 0.0) * FASTER >= top), key=_risk)
         text += f" Use {best.label}."
+        if _risk(best) >= _risk_of("float16", "none"):
+            text += (" It has no loss scaling: gradients below float16's range would silently become zero "
+                     "on other data; dynamic scaling costs little.")
     elif good:
         device = base.device or "this device"
         text += (f" Mixed precision keeps float32's accuracy here but is not faster on {device}: "

@@ -14,7 +14,7 @@ from app.config import Settings
 from app.errors import ArtifactNotFound, ComparisonNotFound, IdempotencyConflict, JobNotFound, ServiceUnavailable
 from app.resources import Comparison, ComparisonPage, Health, Job, JobPage, JobState, MetricsPage
 from app.schemas import ComparisonSpec, JobSpec
-from app.store import ComparisonRecord, JobStore
+from app.store import VIEW_TTL_S, ComparisonRecord, JobStore
 
 MODEL_ARTIFACT = "model.keras"
 MAX_PAGE = 10_000
@@ -91,15 +91,24 @@ def metrics(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -
     return store.read_metrics(job_id, after, min(limit, MAX_PAGE))
 
 
+CACHED_VIEW_SIZES = frozenset({500, 1000})
+"""`max_points` values whose views are cached: the dashboard's and the documented ones. Others are
+computed each time, so no client can fill Redis with a key per size."""
+LIVE_VIEW_TTL_S = 1.0
+"""A running job's cached view is at most this old; the SSE stream carries the newest steps."""
+
+
 def buckets_json(store: JobStore, job_id: str, tenant: str, max_points: int) -> str:
-    """The bucketed view as JSON. An ended job's view can no longer change: it is computed once
-    and then served from Redis, so a dashboard reopening a 100k-step run costs one GET."""
+    """The bucketed view as JSON, cached in Redis for the common sizes: an ended job's view can
+    no longer change (kept VIEW_TTL_S), and a running job's is recomputed at most once a second,
+    however many dashboards poll it."""
     ended = get(store, job_id, tenant).state.terminal
-    if ended and (cached := store.cached_view(job_id, max_points)) is not None:
+    cacheable = max_points in CACHED_VIEW_SIZES
+    if cacheable and (cached := store.cached_view(job_id, max_points)) is not None:
         return cached
     body = store.read_buckets(job_id, max_points).model_dump_json()
-    if ended:
-        store.cache_view(job_id, max_points, body)
+    if cacheable:
+        store.cache_view(job_id, max_points, body, VIEW_TTL_S if ended else LIVE_VIEW_TTL_S)
     return body
 
 

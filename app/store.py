@@ -9,7 +9,8 @@ Keys (prefix `mpjobs:`):
     jobs:{tenant}:{state} zset the tenant's job ids in that state, same scores
     idem:{tenant}:{sha} string Idempotency-Key -> {fingerprint, job_id}, kept IDEMPOTENCY_TTL_S
     job:{id}:lease      string the running attempt's lease, renewed while it lives
-    job:{id}:view:{n}   string an ended job's `max_points=n` view as JSON, kept VIEW_TTL_S
+    job:{id}:view:{n}   string the `max_points=n` view as JSON (n = 500 or 1000): an ended job's kept
+                               VIEW_TTL_S, a running job's 1 s
     running             set    ids of running jobs, for the reaper
     seq                 string creation sequence counter
     tenants             set    every tenant that has created a job (for /metrics)
@@ -461,8 +462,8 @@ class JobStore:
         found = self.redis.get(view_key(job_id, max_points))
         return None if found is None else str(found)
 
-    def cache_view(self, job_id: str, max_points: int, body: str) -> None:
-        self.redis.set(view_key(job_id, max_points), body, ex=VIEW_TTL_S)
+    def cache_view(self, job_id: str, max_points: int, body: str, ttl_s: float) -> None:
+        self.redis.set(view_key(job_id, max_points), body, px=int(ttl_s * 1000))
 
     def read_buckets(self, job_id: str, max_points: int) -> MetricsBuckets:
         last = self.redis.xrevrange(metrics_key(job_id), count=1)

@@ -47,9 +47,27 @@ def test_gaps_speedups_and_a_recommendation() -> None:
     assert by_label["mixed_bfloat16"].speedup == 2.4 and by_label["float32"].speedup == 1.0
     assert result.verdict == (
         "mixed_float16 + dynamic matches float32 within 0.8% at 2.1× speed, skipping 3 overflow steps; "
-        "mixed_float16 + none: without loss scaling gradients underflow (100% of gradient values exactly zero), "
+        "mixed_float16 + none: without loss scaling gradients underflow (up to 100% of gradient values exactly zero), "
         "and its loss ends +40% from float32's; "
         "mixed_bfloat16 matches float32 within 1.2% at 2.4× speed. Use mixed_bfloat16.")
+
+
+def test_a_speed_tie_goes_to_the_safest_numerics() -> None:
+    result = report([job(0, 1.0, 1000), job(1, 1.0, 2000, start=2), job(2, 1.0, 2080, start=4),
+                     job(3, 1.0, 1990, start=6, zero=0.996)])
+    assert result.verdict.endswith(" Use mixed_bfloat16.")
+    no_bf16 = report([job(0, 1.0, 1000), job(1, 1.0, 2000, start=2), job(2, 1.0, 2080, start=4),
+                      job(3, 1.0, 1000, start=6)])
+    assert no_bf16.verdict.endswith(" Use mixed_float16 + dynamic.")
+    only_unscaled = report([job(0, 1.0, 1000), job(1, 1.0, 1000, start=2), job(2, 1.0, 2080, start=4),
+                            job(3, 1.0, 1000, start=6)])
+    assert "Use mixed_float16 + none. It has no loss scaling" in only_unscaled.verdict
+
+
+def test_peak_zero_fraction_is_never_rounded_up() -> None:
+    result = report([job(0, 1.0, 1000), job(1, 1.0, 2000, start=2),
+                     job(2, 1.4, 2000, start=4, codes=("gradient_underflow",), zero=0.996), job(3, 1.0, 2000, start=6)])
+    assert "(up to 99.6% of gradient values exactly zero)" in result.verdict
 
 
 def test_no_match_keeps_float32_and_failures_are_named() -> None:

@@ -48,9 +48,10 @@ def test_default_comparison_on_mlp_reports_four_variants(stack: Stack, client: h
         assert v["peak_zero_grad_fraction"] is not None and label in report["verdict"] or v["baseline"]
     assert variants["mixed_float16 + dynamic"]["loss_scale"]["mode"] == "dynamic"
     assert variants["mixed_bfloat16"]["loss_scale"]["mode"] == "none"
-    # On this CPU float16 and bfloat16 are emulated: mixed precision matches but is far slower.
-    assert variants["mixed_float16 + dynamic"]["speedup"] < 1
-    assert "matches float32 within" in report["verdict"] and "slower" in report["verdict"]
+    assert "matches float32 within" in report["verdict"]
+    if variants["mixed_float16 + dynamic"]["device"].startswith("cpu"):
+        # On a CPU float16 is emulated: mixed precision matches but is far slower.
+        assert variants["mixed_float16 + dynamic"]["speedup"] < 1 and "slower" in report["verdict"]
 
     listed = client.get("/comparisons").json()["comparisons"]
     assert body["id"] in [c["id"] for c in listed]
@@ -72,8 +73,8 @@ def test_zero_gradient_model_without_scaling_carries_gradient_underflow(stack: S
     assert "gradient_underflow" in {d["code"] for d in unscaled["diagnoses"]}
     assert unscaled["peak_zero_grad_fraction"] >= 0.99
     assert "gradient_underflow" not in {d["code"] for d in variants["mixed_float16 + dynamic"]["diagnoses"]}
-    assert "mixed_float16 + none: without loss scaling gradients underflow (100% of gradient values exactly zero)" \
-        in report["verdict"]
+    assert "mixed_float16 + none: without loss scaling gradients underflow (up to 100% of gradient values exactly " \
+        "zero)" in report["verdict"]
 
 
 def test_bad_comparisons_name_the_field_and_write_nothing(stack: Stack, client: httpx.Client) -> None:

@@ -189,12 +189,31 @@ def test_a_job_no_worker_can_take_says_why(stack: Stack, client: httpx.Client) -
 def test_an_ended_jobs_bucket_view_is_cached_and_identical(stack: Stack, client: httpx.Client) -> None:
     job = client.post("/jobs", json={"model": {"name": "mlp"}, "training": {"steps": 30}}).json()
     stack.wait_for_state(client, job["id"], {"succeeded"})
-    first = client.get(f"/jobs/{job['id']}/metrics", params={"max_points": 7})
+    first = client.get(f"/jobs/{job['id']}/metrics", params={"max_points": 500})
     assert first.status_code == 200 and first.headers["content-type"] == "application/json"
-    key = f"mpjobs:job:{job['id']}:view:7"
+    key = f"mpjobs:job:{job['id']}:view:500"
     r = stack.redis.client()
-    assert r.get(key) == first.text and 0 < r.ttl(key) <= 24 * 3600
+    assert r.get(key) == first.text and 23 * 3600 < r.ttl(key) <= 24 * 3600
     view = first.json()
     assert view["total_steps"] == 30 and sum(b["steps"] for b in view["buckets"]) == 30
     r.set(key, json.dumps({**view, "total_steps": 999}), keepttl=True)  # a marker: is the cache what is served?
-    assert client.get(f"/jobs/{job['id']}/metrics", params={"max_points": 7}).json()["total_steps"] == 999
+    assert client.get(f"/jobs/{job['id']}/metrics", params={"max_points": 500}).json()["total_steps"] == 999
+    # Other sizes are computed each time: no client can fill Redis with a key per size.
+    assert client.get(f"/jobs/{job['id']}/metrics", params={"max_points": 7}).json()["total_steps"] == 30
+    assert not r.exists(f"mpjobs:job:{job['id']}:view:7")
+
+
+def test_a_running_jobs_bucket_view_is_at_most_a_second_old(stack: Stack, client: httpx.Client) -> None:
+    job = client.post("/jobs", json={"model": {"name": "mlp"}, "training": {"steps": 100_000}}).json()
+    try:
+        stack.wait_for_state(client, job["id"], {"running"})
+        wait_until(lambda: client.get(f"/jobs/{job['id']}").json()["progress"]["step"] > 0, 30, "a first step")
+        first = client.get(f"/jobs/{job['id']}/metrics", params={"max_points": 1000}).json()
+        ttl_ms = stack.redis.client().pttl(f"mpjobs:job:{job['id']}:view:1000")
+        assert 0 < ttl_ms <= 1000
+        later = wait_until(lambda: (lambda v: v if v["total_steps"] > first["total_steps"] else None)(
+            client.get(f"/jobs/{job['id']}/metrics", params={"max_points": 1000}).json()), 5, "a newer view")
+        assert later["total_steps"] > first["total_steps"]
+    finally:
+        client.delete(f"/jobs/{job['id']}")
+        stack.wait_for_state(client, job["id"], {"canceled"})

@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 
 from redis import Redis
-from rq import Queue, Worker, worker_registration
+from rq import Queue, worker_registration
 
 from app import comparisons
 from app import queue as queues
@@ -59,12 +59,18 @@ def get(store: JobStore, job_id: str, tenant: str, rq_redis: Redis | None = None
     if job is None:
         raise JobNotFound(job_id)
     if rq_redis is not None and job.state is JobState.QUEUED:
-        # RQ's per-queue worker set (what Worker.count reads), counted in Redis: one SCARD.
-        if not rq_redis.scard(worker_registration.WORKERS_BY_QUEUE_KEY % job.queue):
+        if not live_workers(rq_redis, job.queue):
             kind = {"gpu": "a GPU worker", "cpu": "a CPU worker"}.get(job.queue, "a worker")
             job.waiting_reason = (f"No live worker listens on queue '{job.queue}': it waits until {kind} "
                                   "starts (python -m worker).")
     return job
+
+
+def live_workers(rq_redis: Redis, queue: str) -> int:
+    """Workers registered on `queue` whose RQ key has not expired. A killed worker stays in RQ's
+    per-queue set until someone cleans it, and only live workers do: so clean it here, then count."""
+    worker_registration.clean_worker_registry(Queue(queue, connection=rq_redis))
+    return int(rq_redis.scard(worker_registration.WORKERS_BY_QUEUE_KEY % queue))
 
 
 def list_jobs(store: JobStore, tenant: str, state: JobState | None, limit: int, cursor: int | None) -> JobPage:
@@ -122,9 +128,7 @@ def artifact(store: JobStore, settings: Settings, job_id: str, tenant: str) -> P
 
 def readiness(rq_redis: Redis) -> Health:
     rq_redis.ping()
-    workers = {
-        name: Worker.count(connection=rq_redis, queue=Queue(name, connection=rq_redis)) for name in queues.QUEUES
-    }
+    workers = {name: live_workers(rq_redis, name) for name in queues.QUEUES}
     return Health(status="ok" if any(workers.values()) else "no_workers", redis="ok", workers=workers)
 
 

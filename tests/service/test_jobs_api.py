@@ -178,11 +178,16 @@ def test_worker_runs_jobs_in_process_and_starts_warm(stack: Stack, client: httpx
 
 
 def test_a_job_no_worker_can_take_says_why(stack: Stack, client: httpx.Client) -> None:
+    # A GPU worker that was SIGKILLed: still in RQ's per-queue set, its own key long expired.
+    r = stack.redis.client()
+    r.sadd("rq:workers:gpu", "rq:worker:killed-gpu-worker")
+    r.sadd("rq:workers", "rq:worker:killed-gpu-worker")
     job_id = submit(client, 5, device="gpu")
     time.sleep(0.5)
     job = client.get(f"/jobs/{job_id}").json()
     assert job["state"] == "queued"
     assert "queue 'gpu'" in job["waiting_reason"] and "GPU worker" in job["waiting_reason"]
+    assert not r.sismember("rq:workers:gpu", "rq:worker:killed-gpu-worker")
     assert client.delete(f"/jobs/{job_id}").json()["state"] == "canceled"
 
 

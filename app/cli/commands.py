@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from app.cli.api import Api
-from app.cli.errors import Exit, exit_for
+from app.cli.errors import CliError, Exit, exit_for
 from app.cli.spec import build_spec
 from app.cli.watch import POLL_INTERVAL_S, watch, watch_comparison
 from app.cli.words import comparison_report, spec_words, summary_lines, table
@@ -118,11 +118,27 @@ def comparison_exit(c: dict[str, Any]) -> int:
     return max((exit_for(v["state"]) for v in c["variants"]), default=Exit.OK)
 
 
+def compare_variants(args: argparse.Namespace) -> list[Any] | None:
+    """`--variant`s as given; else the server's default four, with `--loss-scale` settings (if any)
+    on the scaled mixed_float16 variant. `--policy` would be replaced by every variant's: refused."""
+    if getattr(args, "policy", None):
+        raise CliError(Exit.USAGE, "compare runs each variant's own policy: use --variant POLICY[:MODE] "
+                                   "instead of --policy.")
+    if args.variant:
+        return list(args.variant)
+    spec = build_spec(args)
+    scaled = spec.get("loss_scale")
+    if not isinstance(scaled, dict) or scaled.get("mode") not in ("fixed", "dynamic"):
+        return None
+    return [{"precision_policy": "float32"}, {"precision_policy": "mixed_float16", "loss_scale": scaled},
+            {"precision_policy": "mixed_float16", "loss_scale": "none"}, {"precision_policy": "mixed_bfloat16"}]
+
+
 def cmd_compare(api: Api, args: argparse.Namespace) -> int:
     if args.show:
         c = api.call("GET", f"/comparisons/{args.show}")
     else:
-        body: dict[str, Any] = {"name": args.name, "spec": build_spec(args), "variants": args.variant}
+        body: dict[str, Any] = {"name": args.name, "spec": build_spec(args), "variants": compare_variants(args)}
         if args.tolerance is not None:
             body["tolerance"] = args.tolerance
         c = api.call("POST", "/comparisons", json=body)

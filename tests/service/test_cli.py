@@ -197,7 +197,8 @@ def test_watch_reconnects_after_the_api_dies_and_sees_every_step_once(
 
 
 def test_compare_watch_prints_the_table_and_verdict(stack: Stack, client: httpx.Client) -> None:
-    done = mpjobs(stack, "compare", *FLOAT32, "--steps", "5", "--name", "cli compare", "--watch", timeout=240)
+    done = mpjobs(stack, "compare", "--model", "mlp", "--samples", "512", "--steps", "5", "--name", "cli compare",
+                  "--watch", timeout=240)
     comparison_id = done.stdout.splitlines()[0]
     comparison: dict[str, Any] = client.get(f"/comparisons/{comparison_id}").json()
     assert comparison["state"] == "done"
@@ -221,6 +222,21 @@ def test_compare_without_a_float32_variant_is_refused_by_the_api(stack: Stack) -
     assert done.returncode == Exit.USAGE
     assert "variants: Value error, variants must include a 'float32' variant" in done.stderr
     assert stack.writes() == before
+
+
+def test_compare_keeps_the_loss_scale_flags_and_refuses_policy(stack: Stack, client: httpx.Client) -> None:
+    before = stack.writes()
+    refused = mpjobs(stack, "compare", "--model", "mlp", "--policy", "float16")
+    assert refused.returncode == Exit.USAGE and "--variant" in refused.stderr
+    assert stack.writes() == before
+    done = mpjobs(stack, "compare", "--model", "mlp", "--steps", "3", "--loss-scale", "dynamic",
+                  "--initial-scale", "1024", "--growth-steps", "10")
+    assert done.returncode == Exit.OK, done.stderr
+    comparison = client.get(f"/comparisons/{done.stdout.split()[0]}").json()
+    scaled = {v["label"]: v for v in comparison["variants"]}["mixed_float16 + dynamic"]
+    assert scaled["loss_scale"] == {"mode": "dynamic", "initial_scale": 1024.0, "growth_steps": 10}
+    assert len(comparison["variants"]) == 4
+    client.delete(f"/comparisons/{comparison['id']}")
 
 
 def test_not_found_unreachable_and_usage_exit_codes(stack: Stack) -> None:

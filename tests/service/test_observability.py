@@ -63,7 +63,14 @@ def test_prometheus_counters_move_as_jobs_run(stack: Stack, client: httpx.Client
     done = stack.wait_for_state(client, skipper["id"], {"succeeded", "failed"})
     assert done["summary"]["skipped_steps"] == 4
 
+    waiting = client.post("/jobs", json={**spec, "device": "gpu"}).json()  # no GPU worker here: it waits
+    try:
+        assert scrape(client)[("mpjobs_queue_depth", (("queue", "gpu"),))] \
+            == before[("mpjobs_queue_depth", (("queue", "gpu"),))] + 1
+    finally:
+        client.delete(f"/jobs/{waiting['id']}")
     after = scrape(client)
+    assert after[("mpjobs_queue_depth", (("queue", "gpu"),))] == before[("mpjobs_queue_depth", (("queue", "gpu"),))]
     assert after[("mpjobs_steps_total", ())] - before[("mpjobs_steps_total", ())] >= steps + 4
     assert after[("mpjobs_skipped_steps_total", ())] - before[("mpjobs_skipped_steps_total", ())] >= 4
     underflow = ("mpjobs_diagnoses_total", (("code", "gradient_underflow"),))

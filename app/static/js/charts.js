@@ -167,7 +167,8 @@ export class JobCharts {
     CHARTS.forEach((chart, i) => {
       const { box, plot } = this.charts[i];
       plot.setData([this.steps, this.series[chart.field]]);
-      box.dataset.points = String(this.steps.length);
+      // Points actually drawn: a series of nulls (nothing plotted) counts zero.
+      box.dataset.points = String(this.series[chart.field].filter((v) => v !== null).length);
       box.dataset.skipped = String(this.skipped.length);
     });
   }

@@ -34,13 +34,14 @@ function number(value, attrs) {
   return h("input", { type: "number", value, inputmode: "decimal", ...attrs });
 }
 
-// loc minus "body" (and "spec" for /comparisons) -> the form field it names, or null.
+// loc minus "body" (and "spec" or "variants" for /comparisons) -> the form field it names, or null.
 // Discriminated unions put the tag in loc (["loss_scale", "dynamic", "growth_steps"]), so a
 // field matches when its path is a subsequence of loc with the same first and last parts.
 export function fieldFor(form, loc) {
   const parts = loc.filter((p) => typeof p === "string");
   if (parts[0] === "body") parts.shift();
-  if (parts[0] === "spec" && form.dataset.target === "comparison") parts.shift();
+  // A comparison's spec is the form; so is the scaled variant's loss scale, taken from it.
+  if (["spec", "variants"].includes(parts[0]) && form.dataset.target === "comparison") parts.shift();
   if (!parts.length) return null;
   for (const control of form.querySelectorAll("[data-field]")) {
     const path = control.dataset.field.split(".");
@@ -117,6 +118,17 @@ function readSpec(form) {
   return spec;
 }
 
+// The default four variants; the form's fixed or dynamic settings go on the scaled float16 one.
+function variantsFor(spec) {
+  const scaled = ["fixed", "dynamic"].includes(spec.loss_scale.mode) ? spec.loss_scale : { mode: "dynamic" };
+  return [
+    { precision_policy: "float32" },
+    { precision_policy: "mixed_float16", loss_scale: scaled },
+    { precision_policy: "mixed_float16", loss_scale: { mode: "none" } },
+    { precision_policy: "mixed_bfloat16" },
+  ];
+}
+
 function showModeFields(form) {
   const mode = form.querySelector("[data-field='loss_scale.mode']").value;
   for (const group of form.querySelectorAll("[data-mode]")) group.hidden = group.dataset.mode !== mode;
@@ -162,7 +174,7 @@ export function specForm(onCreated) {
         status.replaceChildren("Queued ", h("a", { href: `#/jobs/${encodeURIComponent(job.id)}` }, job.name || job.id), ".");
         onCreated("job", job);
       } else {
-        const comparison = await api.post("/comparisons", { name: spec.name ?? null, spec, variants: null });
+        const comparison = await api.post("/comparisons", { name: spec.name ?? null, spec, variants: variantsFor(spec) });
         onCreated("comparison", comparison);
       }
     } catch (error) {
@@ -178,7 +190,16 @@ export function specForm(onCreated) {
     send("job");
   });
   form.querySelector("[data-testid=compare-precisions]").addEventListener("click", () => send("comparison"));
-  form.querySelector("[data-field='loss_scale.mode']").addEventListener("change", () => showModeFields(form));
+  const mode = form.querySelector("[data-field='loss_scale.mode']");
+  mode.addEventListener("change", () => { mode.dataset.touched = "1"; showModeFields(form); });
+  // Until the mode is chosen by hand it follows the policy's default, as the API's would:
+  // dynamic when the policy computes in float16, none otherwise.
+  form.querySelector("[data-field='precision_policy']").addEventListener("change", (event) => {
+    if (mode.dataset.touched) return;
+    mode.value = event.target.value.endsWith("float16") && !event.target.value.endsWith("bfloat16")
+      ? "dynamic" : "none";
+    showModeFields(form);
+  });
   showModeFields(form);
   return form;
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 from redis import Redis
@@ -66,11 +67,23 @@ def get(store: JobStore, job_id: str, tenant: str, rq_redis: Redis | None = None
     return job
 
 
+WORKER_COUNT_TTL_S = 1.0
+"""How long one API process reuses a queue's live-worker count."""
+_worker_counts: dict[tuple[int, str], tuple[float, int]] = {}
+
+
 def live_workers(rq_redis: Redis, queue: str) -> int:
     """Workers registered on `queue` whose RQ key has not expired. A killed worker stays in RQ's
-    per-queue set until someone cleans it, and only live workers do: so clean it here, then count."""
+    per-queue set until someone cleans it, and only live workers do: so clean it here, then count.
+    The count is reused for a second, so polling a queued job does not redo this each time."""
+    now, key = time.monotonic(), (id(rq_redis), queue)
+    counted = _worker_counts.get(key)
+    if counted is not None and now - counted[0] < WORKER_COUNT_TTL_S:
+        return counted[1]
     worker_registration.clean_worker_registry(Queue(queue, connection=rq_redis))
-    return int(rq_redis.scard(worker_registration.WORKERS_BY_QUEUE_KEY % queue))
+    count = int(rq_redis.scard(worker_registration.WORKERS_BY_QUEUE_KEY % queue))
+    _worker_counts[key] = (now, count)
+    return count
 
 
 def list_jobs(store: JobStore, tenant: str, state: JobState | None, limit: int, cursor: int | None) -> JobPage:
@@ -105,16 +118,19 @@ LIVE_VIEW_TTL_S = 1.0
 
 
 def buckets_json(store: JobStore, job_id: str, tenant: str, max_points: int) -> str:
-    """The bucketed view as JSON, cached in Redis for the common sizes: an ended job's view can
-    no longer change (kept VIEW_TTL_S), and a running job's is recomputed at most once a second,
-    however many dashboards poll it."""
+    """The bucketed view as JSON, cached in Redis for the common sizes. An ended job's view can no
+    longer change. A running job's is recomputed at most once a second by one caller, while
+    the others are served the view from under a second ago: however many dashboards poll it,
+    they never pile up recomputing it at once."""
     ended = get(store, job_id, tenant).state.terminal
-    cacheable = max_points in CACHED_VIEW_SIZES
-    if cacheable and (cached := store.cached_view(job_id, max_points)) is not None:
+    if max_points not in CACHED_VIEW_SIZES:
+        return store.read_buckets(job_id, max_points).model_dump_json()
+    fresh_s = VIEW_TTL_S if ended else LIVE_VIEW_TTL_S
+    cached, fresh = store.cached_view(job_id, max_points)
+    if cached is not None and (fresh or not store.claim_view_refresh(job_id, max_points, fresh_s)):
         return cached
     body = store.read_buckets(job_id, max_points).model_dump_json()
-    if cacheable:
-        store.cache_view(job_id, max_points, body, VIEW_TTL_S if ended else LIVE_VIEW_TTL_S)
+    store.cache_view(job_id, max_points, body, fresh_s)
     return body
 
 

@@ -9,8 +9,8 @@ Keys (prefix `mpjobs:`):
     jobs:{tenant}:{state} zset the tenant's job ids in that state, same scores
     idem:{tenant}:{sha} string Idempotency-Key -> {fingerprint, job_id}, kept IDEMPOTENCY_TTL_S
     job:{id}:lease      string the running attempt's lease, renewed while it lives
-    job:{id}:view:{n}   string the `max_points=n` view as JSON (n = 500 or 1000): an ended job's kept
-                               VIEW_TTL_S, a running job's 1 s
+    job:{id}:view:{n}   string the `max_points=n` view as JSON (n = 500 or 1000), kept VIEW_TTL_S;
+                               `...:fresh` marks it current (an ended job's: a day; a running one's: 1 s)
     running             set    ids of running jobs, for the reaper
     seq                 string creation sequence counter
     tenants             set    every tenant that has created a job (for /metrics)
@@ -458,12 +458,26 @@ class JobStore:
         return MetricsPage(job_id=job_id, points=points, next_after=points[-1].step if more else None,
                            missing_steps=missing)
 
-    def cached_view(self, job_id: str, max_points: int) -> str | None:
-        found = self.redis.get(view_key(job_id, max_points))
-        return None if found is None else str(found)
+    def cached_view(self, job_id: str, max_points: int) -> tuple[str | None, bool]:
+        """(the cached view or None, whether it is still fresh)."""
+        key = view_key(job_id, max_points)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(key)
+            pipe.exists(f"{key}:fresh")
+            body, fresh = pipe.execute()
+        return (None if body is None else str(body)), bool(fresh)
 
-    def cache_view(self, job_id: str, max_points: int, body: str, ttl_s: float) -> None:
-        self.redis.set(view_key(job_id, max_points), body, px=int(ttl_s * 1000))
+    def claim_view_refresh(self, job_id: str, max_points: int, fresh_s: float) -> bool:
+        """Whether this caller recomputes a stale view: one caller per `fresh_s` wins."""
+        return bool(self.redis.set(f"{view_key(job_id, max_points)}:fresh", 1, nx=True, px=int(fresh_s * 1000)))
+
+    def cache_view(self, job_id: str, max_points: int, body: str, fresh_s: float) -> None:
+        """Keep the view VIEW_TTL_S, fresh for `fresh_s`."""
+        key = view_key(job_id, max_points)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(key, body, ex=VIEW_TTL_S)
+            pipe.set(f"{key}:fresh", 1, px=int(fresh_s * 1000))
+            pipe.execute()
 
     def read_buckets(self, job_id: str, max_points: int) -> MetricsBuckets:
         last = self.redis.xrevrange(metrics_key(job_id), count=1)

@@ -16,9 +16,8 @@ the median of the per-repeat ratios. Client and server share the machine's
 cores (2 on the project's VM): wrk takes one thread, the API one Python process.
 
 Goals: `GET /jobs/{id}` at >= 0.70x the baseline's req/s; the 500-bucket view
-of a 100k-step run (running and ended) at p99 <= 100 ms for a lone client (`-c1`). Its p99 under
-`-c8` is reported too, but that is mostly queueing: eight requests in line for
-one process.
+of a 100k-step run (running and ended) at p99 <= 100 ms, under the same `-c8`
+load as every other row and for a lone client (`-c1`).
 
     python -m bench.api_throughput [--quick] [--duration 10] [--repeats 3]
 
@@ -28,6 +27,7 @@ wrk is Debian's package: `apt-get install -y wrk`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import re
@@ -251,9 +251,13 @@ def rows_for(target: Target, runs: list[Load], base: list[Load], steps: int) -> 
         return [Row(BENCH, f"{target.name}, 1 connection: p99", "none (absolute goal)", None, p99, "ms", None,
                     f"<= {BUCKETS_P99_GOAL_MS:.0f} ms" if goal else "", p99 <= BUCKETS_P99_GOAL_MS if goal else None)]
     ratio_goal = RATIO_GOAL if target.name.startswith("GET /jobs/{id},") else None
+    p99 = _beside_baseline(f"{target.name}: p99", runs, base, "p99_ms", "ms")
+    if "max_points" in target.name and steps == 100_000:  # the goal holds under load too
+        p99 = dataclasses.replace(p99, goal=f"<= {BUCKETS_P99_GOAL_MS:.0f} ms",
+                                  met=p99.value <= BUCKETS_P99_GOAL_MS)
     return [
         _beside_baseline(f"{target.name}: req/s", runs, base, "requests_per_s", "req/s", ratio_goal),
-        _beside_baseline(f"{target.name}: p99", runs, base, "p99_ms", "ms"),
+        p99,
         _beside_baseline(f"{target.name}: server CPU/request", runs, base, "server_cpu_us", "µs"),
     ]
 

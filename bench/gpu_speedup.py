@@ -42,7 +42,13 @@ first take their programs from JAX's compilation cache (a folder of its own for
 each invocation), so repeats cost little more than their steps.
 
     python -m bench.gpu_speedup --out bench-out           # on the GPU host
-    python -m bench.gpu_speedup --smoke --out /tmp/smoke  # tiny shapes, same code path
+    python -m bench.gpu_speedup --smoke --out /tmp/smoke  # tiny shapes, on a CPU
+
+The smoke run shares everything with the full one but its shapes and one
+detail: its transformer has dropout, which takes Keras's einsum attention
+(JAX's fused attention cannot compile float16 products on a CPU). The full run,
+without dropout, takes the fused attention a GPU user gets, which no CPU test
+can cover: its first run on a GPU host is its first test.
 """
 
 from __future__ import annotations

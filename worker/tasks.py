@@ -135,7 +135,8 @@ def _through_outage(write: Callable[[], T]) -> T:
 
 def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, settings: Settings,
            resume_from: int) -> str:
-    board = TensorBoardReporter(out / TENSORBOARD_LOGDIR, resume_step=resume_from)
+    board = TensorBoardReporter(out / TENSORBOARD_LOGDIR, resume_step=resume_from,
+                                description=describe(job_id, spec))
     reporter = FanOut(RedisReporter(store, job_id), board)
     with AttemptWatcher(store, job_id, owner, settings.lease_s) as watcher:
         try:
@@ -161,6 +162,14 @@ def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, s
         summary=result.summary.model_dump_json()))
     _through_outage(lambda: store.count_diagnoses(job_id, [d.code for d in result.summary.diagnoses]))
     return "succeeded"
+
+
+def describe(job_id: str, spec: JobSpec) -> str:
+    """One line for TensorBoard's Text tab: which job, and what precision it ran."""
+    scale = spec.loss_scale.mode if spec.loss_scale is not None else "none"
+    model = getattr(spec.model, "name", "keras_json")
+    return (f"**{spec.name or 'job'}** (`{job_id}`): {model}, {spec.precision_policy.value}, "
+            f"loss scale {scale}, {spec.training.steps} steps")
 
 
 def _fail(store: JobStore, job_id: str, reason: str, message: str) -> None:

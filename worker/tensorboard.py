@@ -20,6 +20,9 @@ from pathlib import Path
 
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary as TbSummary
+from tensorboard.compat.proto.summary_pb2 import SummaryMetadata
+from tensorboard.compat.proto.tensor_pb2 import TensorProto
+from tensorboard.compat.proto.types_pb2 import DT_STRING
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from app.schemas import StepRecord, Summary
@@ -42,10 +45,23 @@ def step_event(record: StepRecord) -> Event:
     return Event(wall_time=record.time, step=record.step, summary=TbSummary(value=values))
 
 
-class TensorBoardReporter:
-    """A Reporter: each step record becomes one event holding every tag's scalar."""
+def text_event(tag: str, text: str) -> Event:
+    """A Markdown note in TensorBoard's Text tab, at step 0."""
+    value = TbSummary.Value(
+        tag=tag, metadata=SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text")),
+        tensor=TensorProto(dtype=DT_STRING, string_val=[text.encode()], tensor_shape={"dim": [{"size": 1}]}),
+    )
+    return Event(step=0, summary=TbSummary(value=[value]))
 
-    def __init__(self, logdir: Path, resume_step: int = 0) -> None:
+
+class TensorBoardReporter:
+    """A Reporter: each step record becomes one event holding every tag's scalar.
+
+    `description` (the job's name, precision and loss scaling) goes in the Text tab, so runs
+    named by job id can still be told apart, a comparison's variants among them.
+    """
+
+    def __init__(self, logdir: Path, resume_step: int = 0, description: str | None = None) -> None:
         logdir.mkdir(parents=True, exist_ok=True)
         self.logdir = logdir
         self._writer = EventFileWriter(str(logdir), flush_secs=FLUSH_SECS, filename_suffix=".mpjobs")
@@ -53,6 +69,8 @@ class TensorBoardReporter:
         self._thread = threading.Thread(target=self._write, name="tensorboard-writer", daemon=True)
         if resume_step:
             self._writer.add_event(Event(step=resume_step + 1, session_log=SessionLog(status=SessionLog.START)))
+        elif description:
+            self._writer.add_event(text_event("run", description))
         self._thread.start()
 
     def _write(self) -> None:

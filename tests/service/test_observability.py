@@ -29,6 +29,10 @@ def test_finished_job_has_one_tensorboard_scalar_per_step(stack: Stack, client: 
     assert [e.value for e in loss] == [math.nan if p["loss"] is None else _f32(p["loss"]) for p in points]
     assert [e.value for e in events.Scalars("loss_scale")] == [_f32(p["loss_scale"]) for p in points]
     assert events.Scalars("loss_scale")[0].value == 32768.0
+    # The Text tab names the run: job ids alone cannot tell a comparison's variants apart.
+    (note,) = events.Tensors("run")
+    assert note.step == 0 and job["id"].encode() in note.tensor_proto.string_val[0]
+    assert b"mixed_float16, loss scale dynamic" in note.tensor_proto.string_val[0]
 
 
 def _f32(value: float) -> float:

@@ -279,7 +279,8 @@ def run(quick: bool = False, duration_s: float | None = None, repeats: int | Non
             running_id = running_job(client, store, rq_redis, steps)
             queued_id = create_job(client, 200)
             size = f"{steps // 1000}k-step job"
-            buckets = f"GET /jobs/{{id}}/metrics?max_points={MAX_POINTS}, {size} running (computed)"
+            buckets = (f"GET /jobs/{{id}}/metrics?max_points={MAX_POINTS}, {size} running "
+                       "(recomputed at most once a second)")
             buckets_url = f"{api.url}/jobs/{running_id}/metrics?max_points={MAX_POINTS}"
             cached = f"GET /jobs/{{id}}/metrics?max_points={MAX_POINTS}, {size} ended (cached)"
             cached_url = f"{api.url}/jobs/{done_id}/metrics?max_points={MAX_POINTS}"

@@ -59,11 +59,12 @@ def test_api_throughput_quick() -> None:
     cases = {row.case for row in rows}
     for endpoint in ["GET /jobs/{id}, succeeded", "GET /jobs/{id}, queued, no worker",
                      "GET /jobs/{id}/metrics?limit=1000, 10k-step job",
-                     "GET /jobs/{id}/metrics?max_points=500, 10k-step job running (computed)",
+                     "GET /jobs/{id}/metrics?max_points=500, 10k-step job running "
+                     "(recomputed at most once a second)",
                      "GET /jobs/{id}/metrics?max_points=500, 10k-step job ended (cached)",
                      "async variant of the baseline (redis.asyncio)"]:
         assert {f"{endpoint}: req/s", f"{endpoint}: p99", f"{endpoint}: server CPU/request"} <= cases
-    for kind in ("running (computed)", "ended (cached)"):
+    for kind in ("running (recomputed at most once a second)", "ended (cached)"):
         assert f"GET /jobs/{{id}}/metrics?max_points=500, 10k-step job {kind}, 1 connection: p99" in cases
     for row in rows:
         assert row.value > 0, row

@@ -391,7 +391,8 @@ class JobStore:
 
     def append_steps(self, job_id: str, records: Sequence[StepRecord], rollups: Sequence[tuple[int, Rollup]],
                      summary: Summary | None) -> None:
-        """One round trip: the steps, finished rollups, progress and running summary."""
+        """One round trip: the steps, finished rollups, progress, running summary and the step
+        counters. A resent batch whose steps Redis already holds takes them back off the counters."""
         with self.redis.pipeline(transaction=False) as pipe:
             for r in records:
                 pipe.xadd(metrics_key(job_id), {"r": r.model_dump_json()}, id=f"{r.step}-0")
@@ -402,16 +403,19 @@ class JobStore:
                 fields["summary"] = summary.model_dump_json()
             if fields:
                 pipe.hset(job_key(job_id), mapping=fields)
+            if records:
+                pipe.hincrby(STATS, "steps", len(records))
+                pipe.hincrby(STATS, "skipped_steps", sum(r.skipped for r in records))
             results = pipe.execute(raise_on_error=False)
         for result in results:
             # A resent batch: a step id Redis already holds was written the first time.
             if isinstance(result, redis.ResponseError) and "equal or smaller" not in str(result):
                 raise result
-        written = [r for r, result in zip(records, results, strict=False) if not isinstance(result, Exception)]
-        if written:
+        held = [r for r, result in zip(records, results, strict=False) if isinstance(result, Exception)]
+        if held:
             with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hincrby(STATS, "steps", len(written))
-                pipe.hincrby(STATS, "skipped_steps", sum(r.skipped for r in written))
+                pipe.hincrby(STATS, "steps", -len(held))
+                pipe.hincrby(STATS, "skipped_steps", -sum(r.skipped for r in held))
                 pipe.execute()
 
     def count_diagnoses(self, job_id: str, codes: Iterable[str]) -> None:

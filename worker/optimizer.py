@@ -27,12 +27,32 @@ import keras
 from keras import ops
 
 TELEMETRY_FIELDS = ("loss", "loss_scale", "grad_norm", "grads_finite", "skipped", "zero_grad_fraction")
-FLAT_STATS_MAX_ELEMENTS = 2**24
-"""Up to this many gradient elements, the statistics run on one concatenated
-vector: a few ops instead of several per variable, which is what a small model's
-step time is made of. Above it, per-variable reductions avoid a copy of every
-gradient in device memory."""
+SIGN_COUNT_MAX_ELEMENTS = 2**24
+"""Up to this many elements, a gradient counts its non-zero values as the float32
+sum of sign(g)**2: every partial sum is an integer below 2**24, so the count is
+exact, and on CPU it is several times cheaper than building a boolean tensor
+and casting it. Larger tensors count `g == 0` in int32."""
 MODES = ("none", "fixed", "dynamic")
+
+
+def _total(values: list[Any]) -> Any:
+    return values[0] if len(values) == 1 else ops.sum(ops.stack(values))
+
+
+def _zero_count(grads: list[Any], sign: bool) -> Any:
+    """How many gradient values are exactly zero, in int32.
+
+    `sign=True` is the fast path for finite gradients (sign(NaN) is NaN);
+    `sign=False` compares with zero, which any value survives, NaN included.
+    """
+    counts = []
+    for g in grads:
+        size = math.prod(g.shape)
+        if sign and size <= SIGN_COUNT_MAX_ELEMENTS:
+            counts.append(size - ops.cast(ops.sum(ops.square(ops.sign(g))), "int32"))
+        else:
+            counts.append(ops.sum(ops.cast(ops.equal(g, 0.0), "int32")))
+    return _total(counts)
 
 
 @keras.saving.register_keras_serializable(package="mpjobs")
@@ -125,16 +145,11 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         # non-finite, which saves two passes over every gradient. (A norm beyond
         # float32's range, 1.8e19, also counts as an overflow.)
         present = [ops.cast(g, "float32") for g in unscaled if g is not None]
-        elements = float(sum(math.prod(g.shape) for g in present))
-        if elements <= FLAT_STATS_MAX_ELEMENTS:
-            flat = ops.concatenate([ops.reshape(g, (-1,)) for g in present])
-            zero_fraction = ops.mean(ops.cast(ops.equal(flat, 0.0), "float32"))
-            sq = ops.sum(ops.square(flat))
-        else:
-            zero_fraction = ops.sum(ops.stack([ops.sum(ops.cast(ops.equal(g, 0.0), "float32")) for g in present]))
-            zero_fraction = zero_fraction / elements
-            sq = ops.sum(ops.stack([ops.sum(ops.square(g)) for g in present]))
+        elements = sum(math.prod(g.shape) for g in present)
+        sq = _total([ops.sum(ops.square(g)) for g in present])
         finite = ops.isfinite(sq)
+        zeros = ops.cond(finite, lambda: _zero_count(present, sign=True), lambda: _zero_count(present, sign=False))
+        zero_fraction = ops.cast(zeros, "float32") / float(elements)
         if self.mode == "none":  # Plain Keras applies every step.
             apply, skipped = ops.convert_to_tensor(True), ops.convert_to_tensor(0.0)
         else:

@@ -114,12 +114,24 @@ class StepTelemetry(keras.metrics.Metric):
         """Nothing to reset."""
 
 
+_RawStep = tuple[int, float, list[float], float, float]
+"""(step, batch loss, telemetry vector, step seconds, unix time at its end)."""
+
+
 def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
 class TelemetryCallback(keras.callbacks.Callback):
-    """Builds one record per step, batches them to the reporter, checkpoints, stops."""
+    """Builds one record per step, batches them to the reporter, checkpoints, stops.
+
+    Between two steps the training thread only keeps the step's raw numbers
+    and makes the decisions that cannot wait (divergence, stop, checkpoint).
+    The records themselves are built when a batch is handed to the reporter:
+    on a small model a step takes about a millisecond, and work between steps
+    delays the next one by more than its own time (the runtime's worker
+    threads go to sleep and must be woken).
+    """
 
     def __init__(
         self,
@@ -145,60 +157,49 @@ class TelemetryCallback(keras.callbacks.Callback):
         self.should_stop = should_stop
         self.report_interval_s, self.report_max_records = report_interval_s, report_max_records
         self.clock = clock
-        self.buffer: list[StepRecord] = []
-        self.buffer_since = 0.0
+        self.pending: list[_RawStep] = []
+        self.pending_since = 0.0
         self.stopped = False
         self.timed_out = False
         self.deadline = None if max_seconds is None else time.monotonic() + max_seconds
         self.failure: Diverged | None = None
         self.nonfinite_losses = 0
+        self._scaled = summary.context.loss_scale_mode is not LossScaleMode.NONE
+        self._dynamic = summary.context.loss_scale_mode is LossScaleMode.DYNAMIC
         self._t0 = 0.0
         self._telemetry_index: int | None = None
 
-    def _read_telemetry(self, logs: dict[str, Any]) -> np.ndarray:
+    def _read_telemetry(self, logs: dict[str, Any]) -> list[float]:
         if TELEMETRY_LOG_KEY in logs:
-            return np.asarray(logs[TELEMETRY_LOG_KEY])
+            values: list[float] = np.asarray(logs[TELEMETRY_LOG_KEY]).tolist()
+            return values
         optimizer: TelemetryOptimizer = self.model.optimizer
         jax_state = getattr(self.model, "_jax_state", None)
         if jax_state:  # JAX keeps the live values outside the variables during fit.
             if self._telemetry_index is None:
                 paths = [v.path for v in optimizer.variables]
                 self._telemetry_index = paths.index(optimizer.telemetry.path)
-            return np.asarray(jax_state["optimizer_variables"][self._telemetry_index])
-        return keras.ops.convert_to_numpy(optimizer.telemetry.value)
+            return np.asarray(jax_state["optimizer_variables"][self._telemetry_index]).tolist()
+        return keras.ops.convert_to_numpy(optimizer.telemetry.value).tolist()
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         elapsed = time.perf_counter() - self._t0
+        now = self.clock()
         self.step += 1
         logs = logs or {}
-        batch_loss, scale, grad_norm, finite, skipped, zero_fraction = self._read_telemetry(logs).tolist()
-        loss = _finite_or_none(float(logs.get("batch_loss", batch_loss)))
-        now = self.clock()
-        record = StepRecord(
-            step=self.step,
-            loss=loss,
-            loss_scale=float(scale),
-            grad_norm=_finite_or_none(grad_norm),
-            grads_finite=bool(finite),
-            skipped=bool(skipped),
-            zero_grad_fraction=float(zero_fraction),
-            learning_rate=self.learning_rate,
-            examples_per_sec=self.batch_size / elapsed if elapsed > 0 else 0.0,
-            step_time_ms=elapsed * 1000.0,
-            time=now,
-        )
-        self.builder.add(record, timed=self.step != self.first_step, batch_size=self.batch_size)
-        if not self.buffer:
-            self.buffer_since = now
-        self.buffer.append(record)
-        self._check_divergence(record)
+        telemetry = self._read_telemetry(logs)
+        loss = float(logs.get("batch_loss", telemetry[0]))
+        if not self.pending:
+            self.pending_since = now
+        self.pending.append((self.step, loss, telemetry, elapsed, now))
+        self._check_divergence(self.step, loss, telemetry)
         if self.failure is not None:
             self.model.stop_training = True
             return
-        if len(self.buffer) >= self.report_max_records or now - self.buffer_since >= self.report_interval_s:
+        if len(self.pending) >= self.report_max_records or now - self.pending_since >= self.report_interval_s:
             self.flush()
         if self.step % self.checkpoint_every == 0:
             self.flush()
@@ -210,35 +211,57 @@ class TelemetryCallback(keras.callbacks.Callback):
             self.timed_out = True
             self.model.stop_training = True
 
-    def _check_divergence(self, r: StepRecord) -> None:
-        mode = self.builder.context.loss_scale_mode
-        self.nonfinite_losses = self.nonfinite_losses + 1 if r.loss is None else 0
+    def _check_divergence(self, step: int, loss: float, telemetry: list[float]) -> None:
+        _, scale, _, finite, skipped, _ = telemetry
+        loss_finite = math.isfinite(loss)
+        self.nonfinite_losses = 0 if loss_finite else self.nonfinite_losses + 1
         message = None
-        if mode is LossScaleMode.NONE and (r.loss is None or not r.grads_finite):
+        if not self._scaled and (not loss_finite or not finite):
             message = (
-                f"At step {r.step} the {'loss' if r.loss is None else 'gradients'} became inf or NaN with "
+                f"At step {step} the {'gradients' if loss_finite else 'loss'} became inf or NaN with "
                 "no loss scaling, and the update was applied, so the weights are no longer finite. "
                 "Lower the learning rate, or use loss_scale 'dynamic', which skips such steps."
             )
         elif self.nonfinite_losses >= DIVERGENCE_PATIENCE:
             message = (
                 f"The loss itself was inf or NaN for {self.nonfinite_losses} steps in a row up to step "
-                f"{r.step}. Loss scaling only protects gradients; a forward pass that overflows needs a "
+                f"{step}. Loss scaling only protects gradients; a forward pass that overflows needs a "
                 "lower learning rate, float32 for the overflowing layers, or mixed_bfloat16."
             )
-        elif mode is LossScaleMode.DYNAMIC and r.skipped and r.loss_scale <= 1.0:
+        elif self._dynamic and skipped and scale <= 1.0:
             message = (
-                f"At step {r.step} the gradients overflowed even at loss scale {r.loss_scale:g}: there is "
+                f"At step {step} the gradients overflowed even at loss scale {scale:g}: there is "
                 "nothing left to back off. The gradients themselves exceed float16's range (65504); "
                 "lower the learning rate or clip gradients."
             )
         if message is not None:
-            self.builder.mark_diverged(r.step, message)
+            self.builder.mark_diverged(step, message)
             self.failure = Diverged(message)
 
+    def _records(self) -> list[StepRecord]:
+        """Turn the pending raw steps into records, folded into the summary in order."""
+        records = []
+        for step, loss, (_, scale, grad_norm, finite, skipped, zero_fraction), elapsed, now in self.pending:
+            record = StepRecord(
+                step=step,
+                loss=_finite_or_none(loss),
+                loss_scale=scale,
+                grad_norm=_finite_or_none(grad_norm),
+                grads_finite=bool(finite),
+                skipped=bool(skipped),
+                zero_grad_fraction=zero_fraction,
+                learning_rate=self.learning_rate,
+                examples_per_sec=self.batch_size / elapsed if elapsed > 0 else 0.0,
+                step_time_ms=elapsed * 1000.0,
+                time=now,
+            )
+            self.builder.add(record, timed=step != self.first_step, batch_size=self.batch_size)
+            records.append(record)
+        self.pending = []
+        return records
+
     def flush(self) -> None:
-        """Hand the buffered records to the reporter, then the summary so far."""
-        if self.buffer:
-            self.reporter.steps(self.buffer)
-            self.buffer = []
+        """Hand the steps since the last flush to the reporter, then the summary so far."""
+        if self.pending:
+            self.reporter.steps(self._records())
             self.reporter.summary(self.builder.summary())

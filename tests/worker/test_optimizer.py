@@ -15,8 +15,10 @@ def telemetry(opt: TelemetryOptimizer) -> dict[str, float]:
     return dict(zip(TELEMETRY_FIELDS, ops.convert_to_numpy(opt.telemetry).tolist(), strict=True))
 
 
-def make(mode: str, scale: float = 2.0, growth: int = 2000) -> tuple[TelemetryOptimizer, list[keras.Variable]]:
-    variables = [keras.Variable(np.ones((2,), np.float32)), keras.Variable(np.ones((2,), np.float32))]
+def make(
+    mode: str, scale: float = 2.0, growth: int = 2000, size: int = 2
+) -> tuple[TelemetryOptimizer, list[keras.Variable]]:
+    variables = [keras.Variable(np.ones((size,), np.float32)), keras.Variable(np.ones((size,), np.float32))]
     opt = TelemetryOptimizer(keras.optimizers.SGD(learning_rate=0.5), mode=mode, initial_scale=scale,
                              growth_steps=growth)
     opt.build(variables)
@@ -50,15 +52,25 @@ def test_non_finite_step(mode: str, skipped: float) -> None:
     assert float(ops.convert_to_numpy(opt.loss_scale)) == {"fixed": 4.0, "dynamic": 2.0, "none": 1.0}[mode]
 
 
-def test_per_variable_statistics_match_the_flat_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    grads = [ops.convert_to_tensor([6.0, 0.0]), ops.convert_to_tensor([0.0, 8.0])]
-    flat, variables = make("fixed", 2.0)
-    flat.apply(grads, variables)
-    monkeypatch.setattr("worker.optimizer.FLAT_STATS_MAX_ELEMENTS", 0)
-    per_variable, variables = make("fixed", 2.0)
-    per_variable.apply(grads, variables)
-    assert telemetry(per_variable) == telemetry(flat)
-    assert telemetry(flat)["grad_norm"] == 5.0 and telemetry(flat)["zero_grad_fraction"] == 0.5
+def test_both_zero_counts_are_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    # -0.0 is zero; 1e-30 and -1e-37 are tiny but not zero (float32 normals).
+    grads = [ops.convert_to_tensor([6.0, 0.0, 1e-30, -0.0]), ops.convert_to_tensor([-1e-37, 8.0, 0.0, 0.0])]
+    by_sign, variables = make("none", size=4)
+    by_sign.apply(grads, variables)
+    monkeypatch.setattr("worker.optimizer.SIGN_COUNT_MAX_ELEMENTS", 0)  # every tensor counts `g == 0`
+    by_comparison, variables = make("none", size=4)
+    by_comparison.apply(grads, variables)
+    assert telemetry(by_sign) == telemetry(by_comparison)
+    assert telemetry(by_sign)["zero_grad_fraction"] == 0.5 and telemetry(by_sign)["grad_norm"] == 10.0
+
+
+def test_a_non_finite_step_still_counts_its_zeros() -> None:
+    # sign(NaN) is NaN, so this step takes the comparison path: NaN and inf are not zero.
+    opt, variables = make("dynamic", 4.0, size=4)
+    opt.apply([ops.convert_to_tensor([np.nan, 0.0, 1.0, 0.0]), ops.convert_to_tensor([np.inf, 0.0, 2.0, 3.0])],
+              variables)
+    t = telemetry(opt)
+    assert t["grads_finite"] == 0.0 and t["skipped"] == 1.0 and t["zero_grad_fraction"] == 0.375
 
 
 def test_dynamic_rule_matches_keras_loss_scale_optimizer() -> None:

@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +48,7 @@ _OPTIMIZERS = {
     "rmsprop": keras.optimizers.RMSprop,
 }
 
-__all__ = ["ListReporter", "RunResult", "release_memory", "run_job", "spec_fingerprint"]
+__all__ = ["ListReporter", "RunResult", "Training", "release_memory", "run_job", "spec_fingerprint"]
 
 
 @dataclass(frozen=True)
@@ -139,93 +139,136 @@ def _run(
     settings: Settings,
     device: DeviceInfo,
 ) -> RunResult:
-    t, policy = spec.training, spec.precision_policy
-    # A worker runs many jobs in one process: drop the last job's graphs and layer names.
-    keras.backend.clear_session()
-    keras.utils.set_random_seed(t.seed)
-    on_cpu_tf = device.kind == "cpu" and device.backend == "tensorflow"
-    built: BuiltModel = build_model(spec, on_cpu_tf=on_cpu_tf)
-    model = built.model
-    if len(model.inputs) != 1 or len(model.outputs) != 1:
-        raise InvalidModel("model must have exactly one input and one output.")
-    dataset = load_dataset(
-        spec, tuple(model.input_shape[1:]), tuple(model.output_shape[1:]), built.loss_name,
-        settings.data_root, _vocab(model),
-    )
-    optimizer = make_optimizer(spec)
-    # Stateful backends read the loss and statistics the optimizer stored in the
-    # step; JAX metrics cannot see the optimizer's new state, so it recomputes the loss.
-    metrics = [BatchLoss(built.loss)] if keras.backend.backend() == "jax" else [StepTelemetry(optimizer)]
-    model.compile(optimizer=optimizer, loss=built.loss, metrics=metrics, auto_scale_loss=False)
-    optimizer.build(model.trainable_variables)
+    training = Training(spec, reporter, out, should_stop, settings, device)
+    try:
+        for x, y in training.segments():
+            if not training.fit(x, y):
+                break
+    except BaseException:
+        training.close()
+        raise
+    return training.finish()
 
-    fingerprint = spec_fingerprint(spec)
-    mode = LossScaleMode(optimizer.mode)
-    context = RunContext(
-        policy=policy.value,
-        compute_dtype=policy.compute_dtype,
-        loss_scale_mode=mode,
-        slow_precision_message=slow_precision_message(device, policy.compute_dtype, policy.value),
-        float32_layers=built.float32_layers,
-    )
-    start, summary_state = 0, None
-    saved = checkpoint.load(out)
-    if saved is not None:
-        if saved.fingerprint != fingerprint:
-            raise JobFailed(f"{out} holds a checkpoint of a different spec; use a fresh folder.", None)
-        _assign(model.variables, saved.model_values)
-        _assign(optimizer.variables, saved.optimizer_values)
-        start, summary_state = saved.step, saved.summary_state
-    builder = SummaryBuilder(context, summary_state)
 
-    writer = checkpoint.CheckpointWriter(out)
+class Training:
+    """One job's training, set up and ready: `fit` trains a segment, `finish` ends the job.
 
-    def save_checkpoint(step: int) -> None:
-        sync = getattr(model, "jax_state_sync", None)
+    `run_job` is this: set up (model, data, optimizer, restored checkpoint),
+    every segment of `segments()` through `fit` until one says stop, then
+    `finish`. The benchmark of the engine's overhead drives the same steps in
+    smaller pieces, interleaved with a bare `model.fit`.
+    """
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        reporter: Reporter,
+        out: Path,
+        should_stop: Callable[[], bool],
+        settings: Settings,
+        device: DeviceInfo,
+    ) -> None:
+        t, policy = spec.training, spec.precision_policy
+        self.spec, self.reporter, self.out, self.device = spec, reporter, out, device
+        # A worker runs many jobs in one process: drop the last job's graphs and layer names.
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(t.seed)
+        on_cpu_tf = device.kind == "cpu" and device.backend == "tensorflow"
+        built: BuiltModel = build_model(spec, on_cpu_tf=on_cpu_tf)
+        self.model = model = built.model
+        if len(model.inputs) != 1 or len(model.outputs) != 1:
+            raise InvalidModel("model must have exactly one input and one output.")
+        self.dataset = load_dataset(
+            spec, tuple(model.input_shape[1:]), tuple(model.output_shape[1:]), built.loss_name,
+            settings.data_root, _vocab(model),
+        )
+        self.optimizer = optimizer = make_optimizer(spec)
+        # Stateful backends read the loss and statistics the optimizer stored in the
+        # step; JAX metrics cannot see the optimizer's new state, so it recomputes the loss.
+        metrics = [BatchLoss(built.loss)] if keras.backend.backend() == "jax" else [StepTelemetry(optimizer)]
+        model.compile(optimizer=optimizer, loss=built.loss, metrics=metrics, auto_scale_loss=False)
+        optimizer.build(model.trainable_variables)
+
+        self.fingerprint = spec_fingerprint(spec)
+        context = RunContext(
+            policy=policy.value,
+            compute_dtype=policy.compute_dtype,
+            loss_scale_mode=LossScaleMode(optimizer.mode),
+            slow_precision_message=slow_precision_message(device, policy.compute_dtype, policy.value),
+            float32_layers=built.float32_layers,
+        )
+        self.start, summary_state = 0, None
+        saved = checkpoint.load(out)
+        if saved is not None:
+            if saved.fingerprint != self.fingerprint:
+                raise JobFailed(f"{out} holds a checkpoint of a different spec; use a fresh folder.", None)
+            _assign(model.variables, saved.model_values)
+            _assign(optimizer.variables, saved.optimizer_values)
+            self.start, summary_state = saved.step, saved.summary_state
+        self.builder = SummaryBuilder(context, summary_state)
+        self.writer = checkpoint.CheckpointWriter(out)
+        self.callback = TelemetryCallback(
+            reporter=reporter, summary=self.builder, start_step=self.start, batch_size=t.batch_size,
+            learning_rate=t.learning_rate, checkpoint_every=t.checkpoint_every,
+            save_checkpoint=self.save_checkpoint, should_stop=should_stop,
+            report_interval_s=settings.report_interval_s, report_max_records=settings.report_max_records,
+            max_seconds=t.max_seconds,
+        )
+
+    def segments(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The (x, y) of every step still to train, in `fit`-sized pieces."""
+        return self.dataset.segments(self.start, self.spec.training.steps)
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> bool:
+        """Train one step per batch of (x, y). False once the job must end (stopped, timed out, diverged)."""
+        self.model.fit(x, y, batch_size=self.spec.training.batch_size, epochs=1, shuffle=False, verbose=0,
+                       callbacks=[self.callback])
+        c = self.callback
+        return not (c.stopped or c.timed_out or c.failure is not None)
+
+    def save_checkpoint(self, step: int) -> None:
+        sync = getattr(self.model, "jax_state_sync", None)
         if sync is not None:
             sync()
         # Copies: the writer thread must not see the next step's in-place updates.
-        writer.submit(checkpoint.Checkpoint(
-            step, fingerprint,
-            [np.array(keras.ops.convert_to_numpy(v.value), copy=True) for v in model.variables],
-            [np.array(keras.ops.convert_to_numpy(v.value), copy=True) for v in optimizer.variables],
-            builder.state(),
+        self.writer.submit(checkpoint.Checkpoint(
+            step, self.fingerprint,
+            [np.array(keras.ops.convert_to_numpy(v.value), copy=True) for v in self.model.variables],
+            [np.array(keras.ops.convert_to_numpy(v.value), copy=True) for v in self.optimizer.variables],
+            self.builder.state(),
         ))
 
-    callback = TelemetryCallback(
-        reporter=reporter, summary=builder, start_step=start, batch_size=t.batch_size,
-        learning_rate=t.learning_rate, checkpoint_every=t.checkpoint_every,
-        save_checkpoint=save_checkpoint, should_stop=should_stop,
-        report_interval_s=settings.report_interval_s, report_max_records=settings.report_max_records,
-        max_seconds=t.max_seconds,
-    )
-    try:
-        for x, y in dataset.segments(start, t.steps):
-            model.fit(x, y, batch_size=t.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
-            if callback.stopped or callback.timed_out or callback.failure is not None:
-                break
-        callback.flush()
-        if callback.failure is None and builder.steps_done != start and builder.steps_done % t.checkpoint_every:
-            save_checkpoint(builder.steps_done)
-    finally:
-        writer.close()
-    if callback.failure is not None:
-        reporter.summary(builder.summary())
-        raise Diverged(callback.failure.message + _keep_last_good(model, out))
-    if callback.timed_out:
-        reporter.summary(builder.summary())
-        raise TimedOut(
-            f"training.max_seconds={t.max_seconds} ran out at step {builder.steps_done} of {t.steps}. "
-            "The checkpoint of that step is kept: resubmit with a larger limit to continue from it."
+    def close(self) -> None:
+        """Wait for the checkpoint writer (after a failure in `fit`)."""
+        self.writer.close()
+
+    def finish(self) -> RunResult:
+        """Report the last steps, write the last checkpoint and the model; raise the job's failure if any."""
+        callback, builder, t = self.callback, self.builder, self.spec.training
+        try:
+            callback.flush()
+            unsaved = builder.steps_done != self.start and builder.steps_done % t.checkpoint_every
+            if callback.failure is None and unsaved:
+                self.save_checkpoint(builder.steps_done)
+        finally:
+            self.writer.close()
+        if callback.failure is not None:
+            self.reporter.summary(builder.summary())
+            raise Diverged(callback.failure.message + _keep_last_good(self.model, self.out))
+        if callback.timed_out:
+            self.reporter.summary(builder.summary())
+            raise TimedOut(
+                f"training.max_seconds={t.max_seconds} ran out at step {builder.steps_done} of {t.steps}. "
+                "The checkpoint of that step is kept: resubmit with a larger limit to continue from it."
+            )
+        model_path = None
+        if not callback.stopped:
+            model_path = _save_model(self.model, self.out)
+        self.reporter.summary(builder.summary())
+        return RunResult(
+            "stopped" if callback.stopped else "succeeded", builder.summary(), self.out / checkpoint.CHECKPOINT_NAME,
+            model_path, self.device, self.start,
         )
-    model_path = None
-    if not callback.stopped:
-        model_path = _save_model(model, out)
-    reporter.summary(builder.summary())
-    return RunResult(
-        "stopped" if callback.stopped else "succeeded", builder.summary(), out / checkpoint.CHECKPOINT_NAME,
-        model_path, device, start,
-    )
 
 
 def release_memory() -> None:

@@ -1,0 +1,42 @@
+"""The engine-overhead benchmark still runs and compares like with like (quick mode; the goal is
+not checked here: CI machines are too noisy for a 5% line on a 200-step run)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from bench import engine_overhead
+
+
+def test_engine_overhead_sets_each_float32_case_beside_bare_fit() -> None:
+    rows = engine_overhead.run(quick=True)
+    assert [r.case.split(",")[0] for r in rows] == [
+        "mlp float32", "mlp float32 + checkpoint every 50", "cnn float32", "cnn float32 + checkpoint every 50",
+    ]
+    for row in rows:
+        assert row.baseline == "bare model.fit" and row.unit == "ms/step"
+        assert row.baseline_value is not None and row.baseline_value > 0 and row.value > 0
+        assert row.ratio is not None and 0.5 < row.ratio < 2.0, f"{row.case}: ratio {row.ratio}"
+    for row in rows[::2]:
+        assert row.goal == "ratio <= 1.05" and row.met is (row.ratio is not None and row.ratio <= 1.05)
+        spread = re.search(r"2 repeats of 5 pieces \(quartiles of piece ratios (\d\.\d\d)–(\d\.\d\d)\)", row.case)
+        assert spread, row.case
+        assert float(spread[1]) - 0.005 <= row.ratio <= float(spread[2]) + 0.005
+
+
+def test_the_sides_train_the_same_weights(tmp_path: Path) -> None:
+    """Bare Keras and the engine, fed the same pieces, end bit-identical: the benchmark times the same work."""
+    case = engine_overhead.Case({"name": "mlp"}, "float32", 40, 1)
+    engine = engine_overhead.Engine(case.spec(40), tmp_path / "engine")
+    bare = engine_overhead.Bare(case.spec(40))  # after the engine, which starts from a clear session
+    (x, y), = engine.training.segments()
+    for half in (slice(0, len(x) // 2), slice(len(x) // 2, len(x))):
+        engine.fit(x[half], y[half])
+        bare.fit(x[half], y[half])
+    pieces = engine.finish()
+    assert [len(p) for p in pieces] == [20, 20] and [len(p) for p in bare.pieces] == [20, 20]
+    for ours, theirs in zip(engine.training.model.get_weights(), bare.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(ours, theirs)

@@ -80,7 +80,8 @@ class MetricsPage(BaseModel):
     next_after: int | None
     """Pass as `after` for the next page; null when no more steps exist yet."""
     missing_steps: list[tuple[int, int]] = []
-    """Inclusive step ranges inside this page that were lost (e.g. to a Redis restart). Never filled in."""
+    """Inclusive step ranges that were trained but lost (e.g. to a Redis restart): gaps inside this
+    page and, on an ended job's last page, the steps after the last one stored. Never filled in."""
 
 
 class Stat(BaseModel):

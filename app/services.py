@@ -106,8 +106,14 @@ def cancel(store: JobStore, rq_redis: Redis, job_id: str, tenant: str) -> Job:
 
 
 def metrics(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> MetricsPage:
-    get(store, job_id, tenant)
-    return store.read_metrics(job_id, after, min(limit, MAX_PAGE))
+    job = get(store, job_id, tenant)
+    page = store.read_metrics(job_id, after, min(limit, MAX_PAGE))
+    if job.state.terminal and job.summary is not None and page.next_after is None:
+        # An ended job's last page: steps it trained but Redis lost after the last stored one.
+        last = page.points[-1].step if page.points else after
+        if job.summary.steps_done > last:
+            page.missing_steps.append((last + 1, job.summary.steps_done))
+    return page
 
 
 CACHED_VIEW_SIZES = frozenset({500, 1000})

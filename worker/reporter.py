@@ -74,3 +74,12 @@ class RedisReporter:
                 self.counted |= codes
         except UNAVAILABLE:
             self.outage = True  # the next summary, or the final transition, carries it
+
+    def drain(self) -> None:
+        """Write the records an outage held back; the job's last steps have no next batch to ride
+        with. Raises while Redis is still unreachable, for the caller to retry."""
+        if self.pending or self.pending_rollups:
+            self.store.append_steps(self.job_id, self.pending, self.pending_rollups, None)
+            log.warning("redis is back; wrote %d held step records", len(self.pending))
+            self.pending, self.pending_rollups = [], []
+        self.outage = False

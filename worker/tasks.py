@@ -137,20 +137,24 @@ def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, s
            resume_from: int) -> str:
     board = TensorBoardReporter(out / TENSORBOARD_LOGDIR, resume_step=resume_from,
                                 description=describe(job_id, spec))
-    reporter = FanOut(RedisReporter(store, job_id), board)
+    steps = RedisReporter(store, job_id)
+    reporter = FanOut(steps, board)
     with AttemptWatcher(store, job_id, owner, settings.lease_s) as watcher:
         try:
             result = run_job(spec, reporter=reporter, checkpoint_dir=out,
                              should_stop=watcher.cancel_requested.is_set, settings=settings)
         except JobFailed as exc:
+            _drain(steps)
             _fail(store, job_id, exc.reason.value, exc.message)
             return f"failed: {exc.reason.value}"
         except Exception as exc:
             log.exception("job %s crashed", job_id)
+            _drain(steps)
             _fail(store, job_id, FailureReason.INTERNAL.value, f"{type(exc).__name__}: {exc}"[:500])
             return "failed: internal"
         finally:
             board.close()
+    _drain(steps)
     done = result.summary.steps_done
     if result.status == "stopped":
         _through_outage(lambda: store.transition(
@@ -162,6 +166,15 @@ def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, s
         summary=result.summary.model_dump_json()))
     _through_outage(lambda: store.count_diagnoses(job_id, [d.code for d in result.summary.diagnoses]))
     return "succeeded"
+
+
+def _drain(steps: RedisReporter) -> None:
+    """Before the job's last transition: store the step records a Redis outage held back. If Redis
+    stays away past the outage budget they are lost, and the API reports them in `missing_steps`."""
+    try:
+        _through_outage(steps.drain)
+    except (redis.ConnectionError, redis.TimeoutError):
+        log.error("redis unreachable past the outage budget: %d step records lost", len(steps.pending))
 
 
 def describe(job_id: str, spec: JobSpec) -> str:

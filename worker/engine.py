@@ -123,7 +123,7 @@ def run_job(
     settings = settings or get_settings()
     device = detect_device()
     try:
-        return _run(spec, reporter, Path(checkpoint_dir), should_stop, settings, device)
+        return Training(spec, reporter, Path(checkpoint_dir), should_stop, settings, device).run()
     except MpjobsError:
         raise
     except Exception as exc:
@@ -131,32 +131,13 @@ def run_job(
         raise _map_failure(exc, spec, device) from exc
 
 
-def _run(
-    spec: JobSpec,
-    reporter: Reporter,
-    out: Path,
-    should_stop: Callable[[], bool],
-    settings: Settings,
-    device: DeviceInfo,
-) -> RunResult:
-    training = Training(spec, reporter, out, should_stop, settings, device)
-    try:
-        for x, y in training.segments():
-            if not training.fit(x, y):
-                break
-    except BaseException:
-        training.close()
-        raise
-    return training.finish()
-
-
 class Training:
     """One job's training, set up and ready: `fit` trains a segment, `finish` ends the job.
 
-    `run_job` is this: set up (model, data, optimizer, restored checkpoint),
-    every segment of `segments()` through `fit` until one says stop, then
-    `finish`. The benchmark of the engine's overhead drives the same steps in
-    smaller pieces, interleaved with a bare `model.fit`.
+    `run_job` is `Training(...).run()`: set up (model, data, optimizer,
+    restored checkpoint), every segment of `segments()` through `fit` until
+    one says stop, then `finish`. The benchmark of the engine's overhead
+    drives the same steps in smaller pieces, interleaved with a bare `model.fit`.
     """
 
     def __init__(
@@ -214,6 +195,17 @@ class Training:
             report_interval_s=settings.report_interval_s, report_max_records=settings.report_max_records,
             max_seconds=t.max_seconds,
         )
+
+    def run(self) -> RunResult:
+        """Every segment through `fit` until one says stop, then `finish`: what `run_job` does."""
+        try:
+            for x, y in self.segments():
+                if not self.fit(x, y):
+                    break
+        except BaseException:
+            self.close()
+            raise
+        return self.finish()
 
     def segments(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The (x, y) of every step still to train, in `fit`-sized pieces."""

@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
 
 import pytest
 
 from app.rollup import ROLLUP_STEPS, Rollup
 from app.schemas import StepRecord
 from app.store import RAW_BUCKET_LIMIT, JobStore
-from tests.stack import RedisServer
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobStore]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield JobStore(server.client())
-    server.stop()
 
 
 def write(store: JobStore, job_id: str, steps: int) -> list[StepRecord]:

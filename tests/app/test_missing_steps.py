@@ -3,25 +3,12 @@ once the job has ended, the steps after the last one stored."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from app import services
 from app.resources import JobState
 from app.schemas import JobSpec, StepRecord, Summary
 from app.store import JobStore
-from tests.stack import RedisServer
 
 TENANT = "t"
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobStore]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield JobStore(server.client())
-    server.stop()
 
 
 def record(step: int) -> StepRecord:

@@ -55,12 +55,15 @@ class RedisReporter:
                 self.partial = Rollup()
         self.pending.extend(records)
         try:
-            self.store.append_steps(self.job_id, self.pending, self.pending_rollups, None)
+            self._send()
         except UNAVAILABLE as exc:
             if not self.outage:
                 log.warning("redis unavailable, holding %d step records: %s", len(self.pending), exc)
             self.outage = True
-            return
+
+    def _send(self) -> None:
+        """Write every pending record and rollup in one round trip; raises while Redis is away."""
+        self.store.append_steps(self.job_id, self.pending, self.pending_rollups, None)
         if self.outage:
             log.warning("redis is back; wrote %d held step records", len(self.pending))
         self.pending, self.pending_rollups, self.outage = [], [], False
@@ -79,7 +82,4 @@ class RedisReporter:
         """Write the records an outage held back; the job's last steps have no next batch to ride
         with. Raises while Redis is still unreachable, for the caller to retry."""
         if self.pending or self.pending_rollups:
-            self.store.append_steps(self.job_id, self.pending, self.pending_rollups, None)
-            log.warning("redis is back; wrote %d held step records", len(self.pending))
-            self.pending, self.pending_rollups = [], []
-        self.outage = False
+            self._send()

@@ -141,20 +141,20 @@ def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, s
     reporter = FanOut(steps, board)
     with AttemptWatcher(store, job_id, owner, settings.lease_s) as watcher:
         try:
-            result = run_job(spec, reporter=reporter, checkpoint_dir=out,
-                             should_stop=watcher.cancel_requested.is_set, settings=settings)
+            try:
+                result = run_job(spec, reporter=reporter, checkpoint_dir=out,
+                                 should_stop=watcher.cancel_requested.is_set, settings=settings)
+            finally:
+                _drain(steps)  # whatever the job's last transition is, its steps are stored first
         except JobFailed as exc:
-            _drain(steps)
             _fail(store, job_id, exc.reason.value, exc.message)
             return f"failed: {exc.reason.value}"
         except Exception as exc:
             log.exception("job %s crashed", job_id)
-            _drain(steps)
             _fail(store, job_id, FailureReason.INTERNAL.value, f"{type(exc).__name__}: {exc}"[:500])
             return "failed: internal"
         finally:
             board.close()
-    _drain(steps)
     done = result.summary.steps_done
     if result.status == "stopped":
         _through_outage(lambda: store.transition(

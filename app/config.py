@@ -19,6 +19,9 @@ class Settings(BaseSettings):
     """Longest a finished step waits in the worker before it is reported."""
     report_max_records: int = 256
     """Most step records held before a report is forced."""
+    speed_check_steps: int = 4
+    """On a CPU, a float16/bfloat16 job that succeeds then times this many steps per round (3 rounds)
+    of its model in its policy and in float32, to say how much slower or faster it is there. 0: off."""
     lease_s: float = 30.0
     """A running attempt renews its lease this often / 6; a lease left to expire means its worker is gone."""
     reap_interval_s: float = 10.0

@@ -454,6 +454,21 @@ class Diagnosis(_Strict):
     first_step: int | None
 
 
+class PrecisionSpeed(_Strict):
+    """This job's model trained a few steps in its policy and in float32 after the run, on its own device.
+
+    Both sides are fresh copies of the model, built, compiled and warmed the same
+    way, taking turns on the same batches; each figure is the median step time.
+    """
+
+    policy_ms: float
+    float32_ms: float
+    slowdown: float
+    """policy_ms / float32_ms: above 1 the policy is slower than float32 here."""
+    steps: int
+    """Timed steps on each side."""
+
+
 class Summary(_Strict):
     steps_done: int
     final_loss: float | None
@@ -464,4 +479,6 @@ class Summary(_Strict):
     loss_scale_final: float | None
     peak_zero_grad_fraction: float | None
     mean_examples_per_sec: float | None
+    precision_speed: PrecisionSpeed | None = None
+    """On a CPU, for a float16/bfloat16 policy that succeeded: its speed against float32 there."""
     diagnoses: list[Diagnosis] = []

@@ -113,7 +113,7 @@ class Engine:
 
     def __init__(self, spec: JobSpec, out: Path) -> None:
         self.reporter = ListReporter()
-        self.training = Training(spec, self.reporter, out, never, Settings(), detect_device())
+        self.training = Training(spec, self.reporter, out, never, Settings(speed_check_steps=0), detect_device())
         self.piece_steps: list[int] = []
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> None:

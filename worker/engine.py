@@ -29,6 +29,8 @@ from worker.data import load_dataset
 from worker.devices import DeviceInfo, detect_device, slow_precision_message
 from worker.models import BuiltModel, build_model
 from worker.optimizer import TelemetryOptimizer
+from worker.speed import ROUNDS as SPEED_ROUNDS
+from worker.speed import measure as measure_speed
 from worker.summary import RunContext, SummaryBuilder
 from worker.telemetry import BatchLoss, ListReporter, Reporter, StepTelemetry, TelemetryCallback
 
@@ -150,7 +152,8 @@ class Training:
         device: DeviceInfo,
     ) -> None:
         t, policy = spec.training, spec.precision_policy
-        self.spec, self.reporter, self.out, self.device = spec, reporter, out, device
+        self.spec, self.reporter, self.out, self.device, self.settings = spec, reporter, out, device, settings
+        self.should_stop = should_stop
         # A worker runs many jobs in one process: drop the last job's graphs and layer names.
         keras.backend.clear_session()
         keras.utils.set_random_seed(t.seed)
@@ -230,6 +233,29 @@ class Training:
             self.builder.state(),
         ))
 
+    def _check_speed(self) -> None:
+        """On a CPU, time this model in its policy against float32 (worker.speed) for the summary."""
+        spec, device, per_round = self.spec, self.device, self.settings.speed_check_steps
+        trained = self.builder.steps_done - self.start
+        if device.kind != "cpu" or spec.precision_policy.compute_dtype == "float32" or per_round <= 0 or not trained:
+            return
+        # A short run gets a short check: it trains at most about half as many steps as the run did.
+        steps = min(per_round, max(1, trained // (2 * SPEED_ROUNDS)))
+        parts = list(self.dataset.batches(0, steps))
+        x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        try:
+            speed = measure_speed(spec, x, y, on_cpu_tf=device.backend == "tensorflow",
+                                  make_optimizer=make_optimizer, should_stop=self.should_stop)
+        except Exception:  # the job itself succeeded: a failed measurement only leaves the figure out
+            log.warning("speed check failed; the summary has no precision_speed", exc_info=True)
+            return
+        if speed is None:
+            log.info("speed check abandoned: the job was asked to stop after its last step")
+            return
+        message = slow_precision_message(device, spec.precision_policy.compute_dtype, spec.precision_policy.value,
+                                         speed)
+        self.builder.set_speed(speed, message)
+
     def close(self) -> None:
         """Wait for the checkpoint writer (after a failure in `fit`)."""
         self.writer.close()
@@ -256,6 +282,7 @@ class Training:
         model_path = None
         if not callback.stopped:
             model_path = _save_model(self.model, self.out)
+            self._check_speed()
         self.reporter.summary(builder.summary())
         return RunResult(
             "stopped" if callback.stopped else "succeeded", builder.summary(), self.out / checkpoint.CHECKPOINT_NAME,

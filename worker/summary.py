@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from app.schemas import Diagnosis, LossScaleMode, StepRecord, Summary
+from app.schemas import Diagnosis, LossScaleMode, PrecisionSpeed, StepRecord, Summary
 
 UNDERFLOW_ZERO_FRACTION = 0.9
 """Share of exactly-zero gradient elements that, under float16, means underflow."""
@@ -45,6 +45,8 @@ class SummaryBuilder:
         self.first_underflow: int | None = s.get("first_underflow")
         self.timed_examples: float = s.get("timed_examples", 0.0)
         self.timed_seconds: float = s.get("timed_seconds", 0.0)
+        self.precision_speed: PrecisionSpeed | None = None
+        """Measured at the end of a run (worker.speed), never carried across a resume."""
         diverged = s.get("diverged")
         self.diverged: tuple[int, str] | None = (int(diverged[0]), str(diverged[1])) if diverged else None
 
@@ -64,6 +66,11 @@ class SummaryBuilder:
             "timed_seconds": self.timed_seconds,
             "diverged": list(self.diverged) if self.diverged else None,
         }
+
+    def set_speed(self, speed: PrecisionSpeed, slow_precision_message: str | None) -> None:
+        """The run's speed check, and the `slow_precision_on_device` message it earned (None: none)."""
+        self.precision_speed = speed
+        self.context = replace(self.context, slow_precision_message=slow_precision_message)
 
     def add(self, r: StepRecord, *, timed: bool = True, batch_size: int = 0) -> None:
         """Fold in one step. `timed=False` leaves warm-up steps out of examples/s."""
@@ -150,5 +157,6 @@ class SummaryBuilder:
             loss_scale_final=self.scale_final,
             peak_zero_grad_fraction=self.peak_zero,
             mean_examples_per_sec=(self.timed_examples / self.timed_seconds) if self.timed_seconds > 0 else None,
+            precision_speed=self.precision_speed,
             diagnoses=self.diagnoses(),
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.comparisons import FASTER as SAME_SPEED
 from app.resources import JobState
 
 
@@ -29,6 +30,15 @@ def loss_scale_words(scale: dict[str, Any] | None) -> str:
     if scale["mode"] == "fixed":
         return f"fixed loss scale {scale['scale']:g}"
     return f"dynamic loss scale from {scale['initial_scale']:g}, doubling after {scale['growth_steps']} finite steps"
+
+
+def precision_speed_words(ps: dict[str, Any]) -> str:
+    """A job's speed check (summary.precision_speed) against float32, in words."""
+    r = ps["slowdown"]
+    how = ("about float32's speed" if 1 / SAME_SPEED < r < SAME_SPEED
+           else f"{r:.2g}x slower than float32" if r > 1 else f"{1 / r:.2g}x faster than float32")
+    return (f"{how} on this CPU ({ps['policy_ms']:.3g} ms against {ps['float32_ms']:.3g} ms per step, "
+            f"median of {ps['steps']} steps each)")
 
 
 def spec_words(spec: dict[str, Any]) -> str:
@@ -59,6 +69,8 @@ def summary_lines(job: dict[str, Any]) -> list[str]:
         f"  peak zero grads  {'n/a' if peak is None else f'{peak:.1%}'} of gradient elements exactly zero",
         f"  throughput       {'n/a' if speed is None else f'{speed:,.0f}'} examples/s",
     ]
+    if s.get("precision_speed"):
+        lines.append(f"  precision speed  {precision_speed_words(s['precision_speed'])}")
     diagnoses = s.get("diagnoses") or []
     lines.append("  diagnoses        " + (", ".join(d["code"] for d in diagnoses) or "none"))
     for d in diagnoses:

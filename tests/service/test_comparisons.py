@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
 from app.comparisons import FASTER
 from tests.stack import Stack, wait_until
+from worker.devices import SLOW_RATIO
 
 SMALL_MLP = {"model": {"name": "mlp", "input_dim": 32, "hidden_units": 32}, "training": {"steps": 30, "seed": 3},
              "dataset": {"samples": 256}}
@@ -47,6 +49,14 @@ def test_default_comparison_on_mlp_reports_four_variants(stack: Stack, client: h
         assert v["loss_gap"] == (v["final_loss"] - base["final_loss"]) / abs(base["final_loss"])
         assert v["speedup"] > 0 and v["examples_per_sec"] > 0 and v["skipped_steps"] is not None
         assert v["peak_zero_grad_fraction"] is not None and label in report["verdict"] or v["baseline"]
+        # On a CPU each half-precision job also timed its model against float32 after its run.
+        speed = job["summary"]["precision_speed"]
+        if v["baseline"] or not v["device"].startswith("cpu"):
+            assert speed is None
+        else:
+            assert speed["steps"] > 0 and speed["slowdown"] == pytest.approx(speed["policy_ms"] / speed["float32_ms"])
+            slow = [d for d in v["diagnoses"] if d["code"] == "slow_precision_on_device"]
+            assert len(slow) == (1 if speed["slowdown"] >= SLOW_RATIO else 0), (speed, slow)
     assert variants["mixed_float16 + dynamic"]["loss_scale"]["mode"] == "dynamic"
     assert variants["mixed_bfloat16"]["loss_scale"]["mode"] == "none"
     # Whether float16 is faster or slower than float32 depends on the processor (emulated on many

@@ -248,6 +248,12 @@ def test_a_job_from_the_form_charts_live_and_its_stream_survives_an_api_restart(
         assert chart(browser, key) == {"points": drawn, "skipped": skipped}, key
     assert chart(browser, "loss-scale")["points"] == steps
 
+    # mixed_float16 on this CPU: the summary ends with the run's speed check against float32.
+    ps = done["summary"]["precision_speed"]
+    assert ps is not None
+    wait_for(browser, lambda d: "Speed against float32 (this CPU)" in by_testid(d, "summary").text, 10,
+             "the speed check in the summary")
+    assert f"median of {ps['steps']} steps each" in by_testid(browser, "summary").text
     diagnoses = by_testid(browser, "diagnoses").text
     for diagnosis in done["summary"]["diagnoses"]:
         assert diagnosis["message"] in diagnoses

@@ -22,8 +22,19 @@ function summaryList(summary) {
     ["Peak zero-gradient fraction", fmtPercent(summary.peak_zero_grad_fraction)],
     ["Mean examples/s", fmtNumber(summary.mean_examples_per_sec)],
   ];
+  const ps = summary.precision_speed;
+  if (ps) rows.push(["Speed against float32 (this CPU)", precisionSpeedText(ps)]);
   return h("dl", { class: "summary", "data-testid": "summary" },
     rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))]));
+}
+
+// Mirrors app/cli/words.py precision_speed_words: within 5% is noise, not a difference.
+function precisionSpeedText(ps) {
+  const r = ps.slowdown;
+  const how = r > 1 / 1.05 && r < 1.05 ? "about float32's speed"
+    : r > 1 ? `${fmtNumber(r, 2)}× slower` : `${fmtNumber(1 / r, 2)}× faster`;
+  return `${how} (${fmtNumber(ps.policy_ms, 3)} ms against ${fmtNumber(ps.float32_ms, 3)} ms per step, ` +
+    `median of ${ps.steps} steps each)`;
 }
 
 function diagnosesList(summary) {

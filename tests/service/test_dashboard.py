@@ -85,6 +85,12 @@ def attr(driver: WebDriver, name: str, attribute: str) -> str | None:
     return by_testid(driver, name).get_attribute(attribute)
 
 
+def text_of(driver: WebDriver, name: str) -> str:
+    """An element's text read in one script call: a panel re-rendered by polling cannot go stale mid-read."""
+    text = driver.execute_script(f"return document.querySelector('[data-testid=\"{name}\"]')?.innerText ?? ''")
+    return str(text)
+
+
 def dialog_open(driver: WebDriver) -> bool:
     return bool(driver.execute_script("return document.getElementById('key-dialog').open"))
 
@@ -251,9 +257,9 @@ def test_a_job_from_the_form_charts_live_and_its_stream_survives_an_api_restart(
     # mixed_float16 on this CPU: the summary ends with the run's speed check against float32.
     ps = done["summary"]["precision_speed"]
     assert ps is not None
-    wait_for(browser, lambda d: "Speed against float32 (this CPU)" in by_testid(d, "summary").text, 10,
+    wait_for(browser, lambda d: "Speed against float32 (this CPU)" in text_of(d, "summary"), 10,
              "the speed check in the summary")
-    assert f"median of {ps['steps']} steps each" in by_testid(browser, "summary").text
+    assert f"median of {ps['steps']} steps each" in text_of(browser, "summary")
     diagnoses = by_testid(browser, "diagnoses").text
     for diagnosis in done["summary"]["diagnoses"]:
         assert diagnosis["message"] in diagnoses

@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -112,27 +112,86 @@ KerasLoss = Literal[
     "binary_crossentropy",
     "mean_squared_error",
     "mean_absolute_error",
+    "mean_absolute_percentage_error",
+    "mean_squared_logarithmic_error",
     "huber",
+    "log_cosh",
+    "kl_divergence",
+    "hinge",
+    "squared_hinge",
     "output_mean",
 ]
+"""Keras's loss functions by name, for which the synthetic data makes fitting labels, and `output_mean`.
+
+Class indices for sparse_categorical_crossentropy, one-hot rows for
+categorical_crossentropy, 0/1 for binary_crossentropy, real values for the rest.
+Losses that need other labels (poisson's counts, the focal and ctc losses) are left out.
+"""
+KERAS_LOSSES: tuple[str, ...] = get_args(KerasLoss)
+
+LOSS_ALIASES: dict[str, str] = {
+    "mse": "mean_squared_error",
+    "MSE": "mean_squared_error",
+    "mae": "mean_absolute_error",
+    "MAE": "mean_absolute_error",
+    "mape": "mean_absolute_percentage_error",
+    "MAPE": "mean_absolute_percentage_error",
+    "msle": "mean_squared_logarithmic_error",
+    "MSLE": "mean_squared_logarithmic_error",
+    "bce": "binary_crossentropy",
+    "BCE": "binary_crossentropy",
+    "kld": "kl_divergence",
+    "KLD": "kl_divergence",
+    "SparseCategoricalCrossentropy": "sparse_categorical_crossentropy",
+    "CategoricalCrossentropy": "categorical_crossentropy",
+    "BinaryCrossentropy": "binary_crossentropy",
+    "MeanSquaredError": "mean_squared_error",
+    "MeanAbsoluteError": "mean_absolute_error",
+    "MeanAbsolutePercentageError": "mean_absolute_percentage_error",
+    "MeanSquaredLogarithmicError": "mean_squared_logarithmic_error",
+    "Huber": "huber",
+    "LogCosh": "log_cosh",
+    "KLDivergence": "kl_divergence",
+    "Hinge": "hinge",
+    "SquaredHinge": "squared_hinge",
+}
+"""The other names `keras.losses.get` resolves to one of `KerasLoss`: its short names and loss classes.
+
+The API process never imports Keras, so the list is kept here (tests check it against Keras).
+"""
 
 
 class KerasJsonModel(_Strict):
     """Bring your own architecture as `model.to_json()`: no code, no Lambda layers.
 
     `output_mean` is the mean of the model's output, the loss of the
-    zero-gradient report; the others are Keras losses by name.
+    zero-gradient report; the others are Keras losses by name. A short name or
+    class name (`"mse"`, `"MeanSquaredError"`) becomes the long one (`"mean_squared_error"`).
     """
 
     keras_json: str = Field(min_length=2, max_length=MAX_KERAS_JSON_CHARS)
-    loss: KerasLoss
-
+    loss: KerasLoss = Field(json_schema_extra={"enum": [*KERAS_LOSSES, *LOSS_ALIASES]})
 
     @field_validator("keras_json")
     @classmethod
     def _no_code(cls, value: str) -> str:
         check_keras_json(value)
         return value
+
+    @field_validator("loss", mode="before")
+    @classmethod
+    def _long_loss_name(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        name = LOSS_ALIASES.get(value, value)
+        if name not in KERAS_LOSSES:
+            shorts = ", ".join(repr(alias) for alias in LOSS_ALIASES if alias.islower())
+            raise ValueError(
+                f"model.loss must be one of {', '.join(map(repr, KERAS_LOSSES))}, "
+                f"or a short name ({shorts}, in either case) or class name ('MeanSquaredError', ...) "
+                f"of one of them. Received: loss={value!r}"
+            )
+        return name
 
 
 def walk_config(node: Any, depth: int = 0) -> Iterator[dict[str, Any]]:
@@ -240,6 +299,10 @@ LossScale = Annotated[
 # --- training, data, spec ---------------------------------------------------
 
 
+UNDERFLOW_CHECK_EVERY = 100
+"""The float32 check's default interval: two extra gradient computations per 100 steps."""
+
+
 class TrainingSpec(_Strict):
     steps: int = Field(200, ge=1, le=10_000_000)
     batch_size: int = Field(32, ge=1, le=65_536)
@@ -249,6 +312,9 @@ class TrainingSpec(_Strict):
     checkpoint_every: int = Field(50, ge=1, le=10_000_000)
     max_seconds: int | None = Field(None, ge=1, le=30 * 24 * 3600)
     """Fail with reason `timeout` once an attempt has trained this long. None: no limit."""
+    underflow_check_every: int = Field(UNDERFLOW_CHECK_EVERY, ge=0, le=10_000_000)
+    """Under a float16/bfloat16 compute policy, compare the step's gradient with float32's at
+    step 1 and every multiple of this step (worker/float32_check.py). 0 turns the check off."""
 
 
 class SyntheticDataset(_Strict):
@@ -432,7 +498,14 @@ class StepRecord(_Strict):
     skipped: bool
     """True when the update was not applied."""
     zero_grad_fraction: float
-    """Share of gradient elements that are exactly zero: the underflow signal."""
+    """Share of gradient elements that are exactly zero, in float32 before any cast back
+    to the variables' dtype. Zeros that float32 has too are not underflow: see below."""
+    regularization_loss: float | None = None
+    """The model's weight penalties at this step (None: the model has none). Not in `loss`."""
+    excess_zero_fraction: float | None = None
+    """On checked steps only: share of gradient values zero under the policy but not in float32."""
+    grad_rel_error: float | None = None
+    """On checked steps only: ||g_policy - g_float32|| / ||g_float32||, both unscaled."""
     learning_rate: float
     examples_per_sec: float
     step_time_ms: float
@@ -449,6 +522,7 @@ class Diagnosis(_Strict):
         "diverged",
         "slow_precision_on_device",
         "float32_fallback",
+        "half_precision_output",
     ]
     message: str
     first_step: int | None
@@ -479,6 +553,12 @@ class Summary(_Strict):
     loss_scale_final: float | None
     peak_zero_grad_fraction: float | None
     mean_examples_per_sec: float | None
+    float32_checks: int = 0
+    """Steps whose gradient was compared with float32's."""
+    peak_excess_zero_fraction: float | None = None
+    """Largest `excess_zero_fraction` over the checked steps."""
+    peak_grad_rel_error: float | None = None
+    """Largest `grad_rel_error` over the checked steps."""
     precision_speed: PrecisionSpeed | None = None
     """On a CPU, for a float16/bfloat16 policy that succeeded: its speed against float32 there."""
     diagnoses: list[Diagnosis] = []

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,27 +21,23 @@ import keras
 import numpy as np
 
 from app.config import Settings, get_settings
-from app.errors import Diverged, InvalidModel, JobFailed, MpjobsError, TimedOut, UnsupportedPrecision
-from app.schemas import DynamicLossScale, FixedLossScale, JobSpec, LossScaleMode, Summary
+from app.errors import Diverged, InvalidModel, JobFailed, MpjobsError, TimedOut
+from app.schemas import DynamicLossScale, FixedLossScale, JobSpec, LossScaleMode, PrecisionPolicy, Summary
 from worker import checkpoint
 from worker.data import load_dataset
 from worker.devices import DeviceInfo, detect_device, slow_precision_message
+from worker.failures import missing_kernel
+from worker.float32_check import Float32Check
 from worker.models import BuiltModel, build_model
 from worker.optimizer import TelemetryOptimizer
 from worker.speed import ROUNDS as SPEED_ROUNDS
 from worker.speed import measure as measure_speed
 from worker.summary import RunContext, SummaryBuilder
-from worker.telemetry import BatchLoss, ListReporter, Reporter, StepTelemetry, TelemetryCallback
+from worker.telemetry import BatchLoss, ListReporter, Reporter, StepTelemetry, TelemetryCallback, compiled_loss
 
 log = logging.getLogger(__name__)
 
 MODEL_ARTIFACT = "model.keras"
-# TensorFlow says it one way in graphs and another eagerly.
-_MISSING_KERNEL = re.compile(
-    r"No OpKernel was registered to support Op '(?P<graph>\w+)'|Could not find device for node: .*? = (?P<eager>\w+)\["
-    # XLA under JAX, e.g. float16 attention with float32 accumulation on CPU:
-    r"|The precision '\w+' is not supported by (?P<xla>\w+) on"
-)
 _OPTIMIZERS = {
     "adam": keras.optimizers.Adam,
     "adamw": keras.optimizers.AdamW,
@@ -95,16 +90,10 @@ def _vocab(model: keras.Model) -> int | None:
 
 def _map_failure(exc: Exception, spec: JobSpec, device: DeviceInfo) -> JobFailed:
     """The one place where TensorFlow/Keras errors become named failures."""
+    missing = missing_kernel(exc, spec.precision_policy.compute_dtype, device.backend, device.kind)
+    if missing is not None:
+        return missing
     text = str(exc)
-    missing = _MISSING_KERNEL.search(text)
-    if missing:
-        dtype = spec.precision_policy.compute_dtype
-        op = missing["graph"] or missing["eager"] or missing["xla"]
-        return UnsupportedPrecision(
-            f"{device.backend} has no {dtype} kernel for op {op} on this "
-            f"{device.kind}. "
-            f"Fix: use mixed_bfloat16 or float32 for this model on {device.kind}, or run it on a GPU."
-        )
     first_line = text.strip().splitlines()[0] if text.strip() else ""
     return JobFailed(f"{type(exc).__name__}: {first_line[:500]}")
 
@@ -167,9 +156,13 @@ class Training:
             settings.data_root, _vocab(model),
         )
         self.optimizer = optimizer = make_optimizer(spec)
-        # Stateful backends read the loss and statistics the optimizer stored in the
-        # step; JAX metrics cannot see the optimizer's new state, so it recomputes the loss.
-        metrics = [BatchLoss(built.loss)] if keras.backend.backend() == "jax" else [StepTelemetry(optimizer)]
+        optimizer.penalties = list(built.penalties)
+        # The data loss is the BatchLoss metric on every backend. Stateful backends read the
+        # statistics the optimizer stored in the step through StepTelemetry; JAX metrics cannot
+        # see the optimizer's new state, so the callback reads the trainer's state instead.
+        metrics: list[keras.metrics.Metric] = [BatchLoss(built.loss)]
+        if keras.backend.backend() != "jax":
+            metrics.append(StepTelemetry(optimizer))
         model.compile(optimizer=optimizer, loss=built.loss, metrics=metrics, auto_scale_loss=False)
         optimizer.build(model.trainable_variables)
 
@@ -180,6 +173,7 @@ class Training:
             loss_scale_mode=LossScaleMode(optimizer.mode),
             slow_precision_message=slow_precision_message(device, policy.compute_dtype, policy.value),
             float32_layers=built.float32_layers,
+            output_dtype=built.output_dtype,
         )
         self.start, summary_state = 0, None
         saved = checkpoint.load(out)
@@ -191,12 +185,21 @@ class Training:
             self.start, summary_state = saved.step, saved.summary_state
         self.builder = SummaryBuilder(context, summary_state)
         self.writer = checkpoint.CheckpointWriter(out)
+        self.check: Float32Check | None = None
+        if policy.compute_dtype != "float32" and t.underflow_check_every > 0:
+            twin_spec = spec.model_copy(update={"precision_policy": PrecisionPolicy.FLOAT32})
+            self.check = Float32Check(
+                build_twin=lambda: build_model(twin_spec, on_cpu_tf=on_cpu_tf).model, loss=compiled_loss(built.loss),
+                every=t.underflow_check_every, start_step=self.start, batch_size=t.batch_size,
+                compute_dtype=policy.compute_dtype, mode=optimizer.mode,
+                need_advice=lambda: self.builder.underflow_advice is None,
+            )
         self.callback = TelemetryCallback(
             reporter=reporter, summary=self.builder, start_step=self.start, batch_size=t.batch_size,
             learning_rate=t.learning_rate, checkpoint_every=t.checkpoint_every,
             save_checkpoint=self.save_checkpoint, should_stop=should_stop,
             report_interval_s=settings.report_interval_s, report_max_records=settings.report_max_records,
-            max_seconds=t.max_seconds,
+            max_seconds=t.max_seconds, checks=None if self.check is None else self.check.results,
         )
 
     def run(self) -> RunResult:
@@ -216,8 +219,12 @@ class Training:
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> bool:
         """Train one step per batch of (x, y). False once the job must end (stopped, timed out, diverged)."""
+        callbacks: list[keras.callbacks.Callback] = [self.callback]
+        if self.check is not None:  # first, so that its time is not the step's
+            self.check.segment = (x, y)
+            callbacks.insert(0, self.check)
         self.model.fit(x, y, batch_size=self.spec.training.batch_size, epochs=1, shuffle=False, verbose=0,
-                       callbacks=[self.callback])
+                       callbacks=callbacks)
         c = self.callback
         return not (c.stopped or c.timed_out or c.failure is not None)
 

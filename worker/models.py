@@ -3,10 +3,23 @@
 Built-in models are plain Keras layers; `keras_json` models are checked for
 anything that could run code (Lambda layers, custom or non-Keras classes)
 before Keras parses a single layer, then loaded in safe mode.
+
+A `keras_json` model's layers with the dtype policy most of them share, and its
+models, take the job's policy. A layer with another policy was pinned and keeps
+it, like the float32 softmax head of a model built under mixed_float16 as in
+Keras's mixed-precision guide (on a tie, float32 is the pinned one). A config
+cannot tell a pinned float32 from a default one: when all layers share one
+policy, all take the job's. Input layers keep their dtype, except one in the
+half-precision compute dtype the model was built under (a Sequential makes its
+own so): it takes the job's, or a float32 job would round activations to float16.
+
+Regularizers compute their penalty in float32: Keras adds it to the float32 loss
+as it is, and a float16 sum of squares overflows at 65504.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,21 +27,27 @@ from typing import Any
 import keras
 from keras import layers, ops
 
-from app.errors import InvalidModel
+from app.errors import InvalidModel, JobFailed
 from app.schemas import (
     CnnModel,
     Conv3dUnetModel,
     JobSpec,
     KerasJsonModel,
     MlpModel,
-    ModelSpec,
+    PrecisionPolicy,
     TransformerModel,
     check_keras_json,
     walk_config,
 )
+from worker.devices import detect_device
+from worker.failures import missing_kernel
 
 FLOAT16_MISSING_ON_CPU = ("MaxPooling3D", "AveragePooling3D")
 """Layers whose TensorFlow CPU kernels exist only for float32 and bfloat16."""
+_FLOAT_POLICIES = frozenset({"float16", "bfloat16", "float32", "float64", "mixed_float16", "mixed_bfloat16"})
+_HALF_DTYPES = frozenset({"float16", "bfloat16"})
+
+Penalty = Callable[[Any], Any]
 
 
 @dataclass(frozen=True)
@@ -36,8 +55,13 @@ class BuiltModel:
     model: keras.Model
     loss: str | Callable[..., Any]
     loss_name: str
+    output_dtype: str
+    """The dtype of the model's output tensor as built, e.g. "float16" under mixed_float16 without a float32 head."""
     float32_layers: tuple[str, ...] = ()
     """Layers run in float32 because the device has no kernel for the policy."""
+    penalties: tuple[tuple[int, Penalty], ...] = ()
+    """(index in `model.trainable_variables`, penalty) for each regularized weight. The penalty
+    takes the weight's value (a variable, tensor or array) and returns a float32 scalar."""
 
 
 @keras.saving.register_keras_serializable(package="mpjobs")
@@ -139,26 +163,52 @@ _BUILDERS: dict[type, Callable[[Any], keras.Model]] = {
 }
 
 
-def _with_policy(config: Any, policy: str) -> Any:
-    """Set every layer's dtype policy to the job's; inputs keep their dtype."""
+def _policy_of(config: dict[str, Any]) -> str | None:
+    """A config's float dtype policy, written as a name or as a serialized DTypePolicy; else None."""
+    dtype = config.get("dtype")
+    if isinstance(dtype, dict) and dtype.get("class_name") in {"DTypePolicy", "FloatDTypePolicy"}:
+        inner = dtype.get("config")
+        dtype = inner.get("name") if isinstance(inner, dict) else None
+    return dtype if isinstance(dtype, str) and dtype in _FLOAT_POLICIES else None
+
+
+def _set_policy(config: dict[str, Any], name: str) -> None:
+    if isinstance(config["dtype"], dict):
+        config["dtype"]["config"]["name"] = name
+    else:
+        config["dtype"] = name
+
+
+def _with_policy(config: dict[str, Any], policy: PrecisionPolicy) -> dict[str, Any]:
+    """Give the job's policy to every layer built under the shared policy (see the module docstring)."""
+    inputs: list[dict[str, Any]] = []
+    models: list[dict[str, Any]] = []
+    layer_configs: list[dict[str, Any]] = []
     for node in walk_config(config):
         cfg = node.get("config")
-        if isinstance(cfg, dict) and "dtype" in cfg and node.get("class_name") != "InputLayer":
-            cfg["dtype"] = policy
+        if not isinstance(cfg, dict) or node.get("class_name") == "__keras_tensor__" or _policy_of(cfg) is None:
+            continue
+        if node.get("class_name") == "InputLayer":
+            inputs.append(cfg)
+        else:
+            (models if isinstance(cfg.get("layers"), list) else layer_configs).append(cfg)
+    counts = Counter(_policy_of(cfg) for cfg in layer_configs)
+    shared = max(counts, key=lambda name: (counts[name], name != "float32"), default=None)
+    for cfg in models + [cfg for cfg in layer_configs if _policy_of(cfg) == shared]:
+        _set_policy(cfg, policy.value)
+    built_compute = shared.removeprefix("mixed_") if shared else None
+    for cfg in inputs:
+        if built_compute in _HALF_DTYPES and _policy_of(cfg) == built_compute:
+            _set_policy(cfg, policy.compute_dtype)
     return config
 
 
-def _load_keras_json(m: KerasJsonModel, policy: str) -> keras.Model:
+def _load_keras_json(m: KerasJsonModel, policy: PrecisionPolicy) -> keras.Model:
     try:
         config = _with_policy(check_keras_json(m.keras_json), policy)
     except ValueError as exc:
         raise InvalidModel(str(exc)) from None
-    try:
-        model = keras.saving.deserialize_keras_object(config, safe_mode=True)
-    except InvalidModel:
-        raise
-    except Exception as exc:  # Keras raises many types for a bad config.
-        raise InvalidModel(f"model.keras_json could not be loaded: {exc}") from None
+    model = keras.saving.deserialize_keras_object(config, safe_mode=True)
     if not isinstance(model, keras.Model):
         raise InvalidModel("model.keras_json must describe a Keras model.")
     return model
@@ -180,12 +230,69 @@ def _float32_fallback(model: keras.Model, compute_dtype: str, on_cpu_tf: bool) -
     return rebuilt, names
 
 
+def _check_trainable(model: keras.Model, source: str) -> None:
+    """Refuse what the engine cannot train on generated data: open shapes, nothing to train."""
+    if not model.built:
+        raise InvalidModel(f"{source} must declare its input shape: start it with keras.Input(shape). "
+                           f"Received: a {type(model).__name__} that was never built.")
+    for kind, tensors in (("input", model.inputs), ("output", model.outputs)):
+        for tensor in tensors:
+            shape = tuple(tensor.shape)
+            if None in shape[1:]:
+                raise InvalidModel(
+                    f"{source} {kind} has shape {shape}: every dimension but the batch must be fixed, because "
+                    f"mpjobs generates synthetic data of that shape. Received: {kind} {tensor.name!r}, shape={shape}"
+                )
+    if not model.trainable_weights:
+        names = ", ".join(layer.name for layer in model.layers)
+        raise InvalidModel(
+            f"{source} must have trainable weights: training updates them and reports their gradients. "
+            f"Received: {len(model.weights)} weights, none trainable, in layers: {names}"
+        )
+
+
+class _Float32Penalty(keras.regularizers.Regularizer):
+    """Calls `regularizer` on a float32 copy of its input, so the penalty is float32."""
+
+    def __init__(self, regularizer: Penalty) -> None:
+        self.regularizer = regularizer
+
+    def __call__(self, x: Any) -> Any:
+        return self.regularizer(ops.cast(x, "float32"))
+
+    def get_config(self) -> dict[str, Any]:
+        return dict(self.regularizer.get_config())  # type: ignore[attr-defined]
+
+    # A layer saves its activity regularizer by class: this one saves as the one it wraps,
+    # so model.keras names only Keras's own classes.
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return type(self.regularizer)
+
+
+def _float32_penalties(model: keras.Model) -> tuple[tuple[int, Penalty], ...]:
+    """Make every regularizer compute in float32; return the weights' penalties by variable index."""
+    penalties = []
+    for index, variable in enumerate(model.trainable_variables):
+        if variable.regularizer is not None:
+            variable.regularizer = _Float32Penalty(variable.regularizer)
+            penalties.append((index, variable.regularizer))
+    for layer in model._flatten_layers(include_self=False):  # the layers Keras collects losses from
+        if isinstance(getattr(layer, "activity_regularizer", None), keras.regularizers.Regularizer):
+            layer.activity_regularizer = _Float32Penalty(layer.activity_regularizer)
+    return tuple(penalties)
+
+
 def build_model(spec: JobSpec, *, on_cpu_tf: bool) -> BuiltModel:
-    """Build the spec's model under its policy. Call `keras.utils.set_random_seed` first."""
-    policy = spec.precision_policy.value
-    m: ModelSpec = spec.model
+    """Build the spec's model under its policy. Call `keras.utils.set_random_seed` first.
+
+    Raises:
+        InvalidModel: a `keras_json` that does not load, or a model this engine cannot train.
+        UnsupportedPrecision: an op, even one run while building, has no kernel for the policy's dtype.
+    """
+    policy, m = spec.precision_policy, spec.model
     previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy)
+    keras.config.set_dtype_policy(policy.value)
     try:
         if isinstance(m, KerasJsonModel):
             model = _load_keras_json(m, policy)
@@ -197,7 +304,21 @@ def build_model(spec: JobSpec, *, on_cpu_tf: bool) -> BuiltModel:
                 loss, loss_name = ScanVoxelSum(m.reference_edge), "scan_voxel_sum"
             else:
                 loss = loss_name = "sparse_categorical_crossentropy"
-        model, float32_layers = _float32_fallback(model, spec.precision_policy.compute_dtype, on_cpu_tf)
+        model, float32_layers = _float32_fallback(model, policy.compute_dtype, on_cpu_tf)
+    except JobFailed:
+        raise
+    except Exception as exc:
+        # Building runs ops too: LSTM's Orthogonal initializer has no bfloat16 kernel.
+        unsupported = missing_kernel(exc, policy.compute_dtype, keras.backend.backend(), detect_device().kind)
+        if unsupported is not None:
+            raise unsupported from exc
+        if isinstance(m, KerasJsonModel):  # Keras raises many types for a bad config.
+            raise InvalidModel(f"model.keras_json could not be loaded: {exc}") from None
+        raise
     finally:
         keras.config.set_dtype_policy(previous)
-    return BuiltModel(model, loss, loss_name, float32_layers)
+    _check_trainable(model, "model.keras_json" if isinstance(m, KerasJsonModel) else "model")
+    return BuiltModel(
+        model, loss, loss_name, output_dtype=keras.backend.standardize_dtype(model.outputs[0].dtype),
+        float32_layers=float32_layers, penalties=_float32_penalties(model),
+    )

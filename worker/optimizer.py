@@ -4,10 +4,15 @@ Keras 3's `LossScaleOptimizer` is dynamic only and keeps its scale and its
 skipped steps to itself. This wrapper implements the three modes and, inside
 the compiled step, writes one small `telemetry` vector per step:
 
-    [loss, loss_scale used, grad_norm (unscaled), grads_finite, skipped, zero_grad_fraction]
+    [total_loss, loss_scale used, grad_norm, grads_finite, skipped, zeros_high, zeros_low,
+     regularization_loss]
 
-`loss` is the unscaled loss `scale_loss` received (stateful backends; under
-JAX that assignment is discarded and the `BatchLoss` metric reports it).
+Every gradient statistic is of the unscaled gradient in float32 (see
+`_measure`). `total_loss` is the unscaled loss `scale_loss` received, penalties
+included (stateful backends; under JAX that assignment is discarded); the data
+loss a record reports comes from the `BatchLoss` metric on every backend, and
+`regularization_loss` is the model's weight penalties, computed here from the
+weights the step's gradient was taken at.
 
 Dynamic mode follows Keras exactly: a non-finite step halves the scale and is
 skipped; after `growth_steps` finite steps in a row the scale doubles.
@@ -21,12 +26,20 @@ skipped; after `growth_steps` finite steps in a row the scale doubles.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import keras
 from keras import ops
 
-TELEMETRY_FIELDS = ("loss", "loss_scale", "grad_norm", "grads_finite", "skipped", "zero_grad_fraction")
+TELEMETRY_FIELDS = (
+    "total_loss", "loss_scale", "grad_norm", "grads_finite", "skipped", "zeros_high", "zeros_low",
+    "regularization_loss",
+)
+"""The `telemetry` vector, by position. The zero count is an integer that float32
+holds exactly only below 2**24, so it travels as two exact float32 parts
+(`zeros_high * 2**24 + zeros_low`) and the host divides in float64 (see `zero_fraction`)."""
+ZERO_COUNT_SPLIT = 2**24
 SIGN_COUNT_MAX_ELEMENTS = 2**24
 """Up to this many elements, a gradient counts its non-zero values as the float32
 sum of sign(g)**2: every partial sum is an integer below 2**24, so the count is
@@ -53,6 +66,53 @@ def _zero_count(grads: list[Any], sign: bool) -> Any:
         else:
             counts.append(ops.sum(ops.cast(ops.equal(g, 0.0), "int32")))
     return _total(counts)
+
+
+def _unscale(g: Any, scale: Any) -> Any:
+    """g / scale, in float32, back in g's dtype; a sparse gradient stays sparse."""
+    if g is None:
+        return None
+    if is_sparse(g):
+        return type(g)(ops.cast(ops.cast(g.values, "float32") / scale, g.values.dtype), g.indices, g.dense_shape)
+    return ops.cast(ops.cast(g, "float32") / scale, g.dtype)
+
+
+def zero_fraction(telemetry: Any, elements: int) -> float:
+    """The share of gradient values that are exactly zero, from a `telemetry` vector, in float64."""
+    high, low = telemetry[TELEMETRY_FIELDS.index("zeros_high")], telemetry[TELEMETRY_FIELDS.index("zeros_low")]
+    return (int(high) * ZERO_COUNT_SPLIT + int(low)) / elements if elements else 0.0
+
+
+def is_sparse(g: Any) -> bool:
+    """An `Embedding` gradient under TensorFlow: `tf.IndexedSlices`, rows possibly repeated."""
+    return hasattr(g, "indices") and hasattr(g, "dense_shape")
+
+
+def dense(g: Any) -> Any:
+    """The gradient as one dense tensor; repeated rows of a sparse one are summed, as its update sums them."""
+    if not is_sparse(g):
+        return g
+    import tensorflow as tf  # only TensorFlow makes IndexedSlices
+
+    return tf.math.unsorted_segment_sum(g.values, g.indices, g.dense_shape[0])
+
+
+def norm_and_finite(grads: list[Any]) -> tuple[Any, Any]:
+    """(global L2 norm, all finite?) of float32 tensors, for any finite norm up to float32's max.
+
+    Every value is divided by the power of two at or below the largest magnitude
+    M before squaring, which is exact, so the norm is bit-identical to
+    sqrt(sum(g**2)) wherever that neither overflows (past 1.8e19) nor underflows
+    (below 1e-19). Finiteness is tested, not inferred from the norm: M is inf
+    when any value is, and a NaN anywhere makes the sum of squares NaN.
+    """
+    peaks = [ops.max(ops.abs(g)) for g in grads]
+    peak = peaks[0] if len(peaks) == 1 else ops.max(ops.stack(peaks))
+    usable = ops.logical_and(ops.isfinite(peak), peak > 0.0)
+    unit = ops.where(usable, ops.power(2.0, ops.floor(ops.log2(ops.where(usable, peak, 1.0)))), 1.0)
+    squares = _total([ops.sum(ops.square(g / unit)) for g in grads])
+    finite = ops.logical_and(ops.isfinite(peak), ops.isfinite(squares))
+    return unit * ops.sqrt(squares), finite
 
 
 @keras.saving.register_keras_serializable(package="mpjobs")
@@ -84,6 +144,11 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         self.growth_steps = int(growth_steps)
         # Scaling is ours: the inner optimizer must not scale a second time.
         self.inner_optimizer.loss_scale_factor = None
+        self.penalties: list[tuple[int, Callable[[Any], Any]]] = []
+        """(index in the trainable variables, penalty): the model's weight regularizers, set by
+        the engine, so `regularization_loss` is reported beside the data loss."""
+        self.gradient_elements = 0
+        """Gradient values per step, known once the step is traced: the zero fraction's denominator."""
 
     def build(self, var_list: list[keras.Variable]) -> None:
         self.loss_scale = self.add_variable(
@@ -129,34 +194,35 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
 
     # -- the step ----------------------------------------------------------
 
-    def _measure(self, grads: list[Any]) -> tuple[Any, list[Any], Any]:
+    def _measure(self, grads: list[Any], trainable_variables: list[Any]) -> tuple[Any, list[Any], Any]:
         """Unscale, measure and decide. Returns (apply?, unscaled grads, telemetry)."""
-        if self.mode == "none":
-            scale, unscaled = ops.convert_to_tensor(1.0, "float32"), list(grads)
-        else:
-            scale = ops.cast(self.loss_scale.value, "float32")
-            unscaled = [
-                None if g is None else ops.cast(ops.cast(g, "float32") / scale, g.dtype) for g in grads
-            ]
-        # Measured after unscaling, in float32: a scaled norm could overflow float32
-        # where the true one does not. Division by a scale >= 1 cannot turn a
-        # float32 gradient into exactly zero, so the zero count is backprop's own.
-        # Finiteness is read off the squared norm: inf or NaN anywhere makes it
-        # non-finite, which saves two passes over every gradient. (A norm beyond
-        # float32's range, 1.8e19, also counts as an overflow.)
-        present = [ops.cast(g, "float32") for g in unscaled if g is not None]
-        elements = sum(math.prod(g.shape) for g in present)
-        sq = _total([ops.sum(ops.square(g)) for g in present])
-        finite = ops.isfinite(sq)
+        scale = ops.convert_to_tensor(1.0, "float32") if self.mode == "none" else ops.cast(self.loss_scale.value,
+                                                                                            "float32")
+        # Every statistic is of the unscaled gradient in float32, taken before any cast back to
+        # a float16/bfloat16 variable's dtype: that cast flushes what backprop itself produced.
+        # Division by a scale >= 1 cannot turn a float32 value into exactly zero, so the zero
+        # count is backprop's own. Sparse gradients are summed into dense ones first.
+        present = [ops.cast(dense(g), "float32") for g in grads if g is not None]
+        if self.mode != "none":
+            present = [g / scale for g in present]
+        self.gradient_elements = sum(math.prod(g.shape) for g in present)
+        norm, finite = norm_and_finite(present)
         zeros = ops.cond(finite, lambda: _zero_count(present, sign=True), lambda: _zero_count(present, sign=False))
-        zero_fraction = ops.cast(zeros, "float32") / float(elements)
+        unscaled = list(grads) if self.mode == "none" else [_unscale(g, scale) for g in grads]
         if self.mode == "none":  # Plain Keras applies every step.
             apply, skipped = ops.convert_to_tensor(True), ops.convert_to_tensor(0.0)
         else:
             apply, skipped = finite, ops.logical_not(finite)
-        parts = [self.batch_loss.value, scale, ops.sqrt(sq), finite, skipped, zero_fraction]
+        parts = [self.batch_loss.value, scale, norm, finite, skipped, zeros // ZERO_COUNT_SPLIT,
+                 zeros % ZERO_COUNT_SPLIT, self._penalty(trainable_variables)]
         telemetry = ops.stack([ops.cast(p, "float32") for p in parts])
         return apply, unscaled, telemetry
+
+    def _penalty(self, trainable_variables: list[Any]) -> Any:
+        """The model's weight penalties at the weights this step's gradient was taken at, in float32."""
+        if not self.penalties:
+            return ops.convert_to_tensor(0.0, "float32")
+        return _total([ops.cast(penalty(trainable_variables[i]), "float32") for i, penalty in self.penalties])
 
     def _update_scale(self, finite: Any) -> None:
         """Keras's dynamic rule, branch-free so it runs in any backend."""
@@ -172,7 +238,7 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables or [])
             self.built = True
-        apply, unscaled, telemetry = self._measure(list(grads))
+        apply, unscaled, telemetry = self._measure(list(grads), list(trainable_variables or []))
         self.telemetry.assign(telemetry)
         finite = ops.cast(telemetry[3], "bool")
         if self.mode == "none":
@@ -191,7 +257,7 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         own_count = len(self._variables)
         mapping = list(zip(self.variables, optimizer_variables, strict=True))
         with keras.StatelessScope(state_mapping=mapping) as scope:
-            apply, unscaled, telemetry = self._measure(list(grads))
+            apply, unscaled, telemetry = self._measure(list(grads), list(trainable_variables))
             self.telemetry.assign(telemetry)
             self._update_scale(ops.cast(telemetry[3], "bool"))
             own = [scope.get_current_value(v) for v in self._variables]

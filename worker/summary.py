@@ -12,12 +12,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.schemas import Diagnosis, LossScaleMode, PrecisionSpeed, StepRecord, Summary
+from worker.float32_check import CheckResult
 
-UNDERFLOW_ZERO_FRACTION = 0.9
-"""Share of exactly-zero gradient elements that, under float16, means underflow."""
 FINAL_LOSS_WINDOW = 10
 """`final_loss` averages this many last steps, so one batch cannot decide it."""
-FLOAT16_SUBNORMAL_MIN = 2.0**-24
 
 
 @dataclass(frozen=True)
@@ -27,6 +25,8 @@ class RunContext:
     loss_scale_mode: LossScaleMode
     slow_precision_message: str | None = None
     float32_layers: tuple[str, ...] = ()
+    output_dtype: str = "float32"
+    """The dtype of the model's output as built."""
 
 
 class SummaryBuilder:
@@ -41,8 +41,14 @@ class SummaryBuilder:
         self.scale_max: float | None = s.get("scale_max")
         self.scale_final: float | None = s.get("scale_final")
         self.peak_zero: float | None = s.get("peak_zero")
-        self.underflow_steps: int = s.get("underflow_steps", 0)
+        self.float32_checks: int = s.get("float32_checks", 0)
+        self.underflow_checks: int = s.get("underflow_checks", 0)
         self.first_underflow: int | None = s.get("first_underflow")
+        self.peak_excess: float | None = s.get("peak_excess")
+        self.peak_rel_error: float | None = s.get("peak_rel_error")
+        self.worst_variable: tuple[str, float] | None = (
+            (str(s["worst_variable"][0]), float(s["worst_variable"][1])) if s.get("worst_variable") else None)
+        self.underflow_advice: str | None = s.get("underflow_advice")
         self.timed_examples: float = s.get("timed_examples", 0.0)
         self.timed_seconds: float = s.get("timed_seconds", 0.0)
         self.precision_speed: PrecisionSpeed | None = None
@@ -60,8 +66,13 @@ class SummaryBuilder:
             "scale_max": self.scale_max,
             "scale_final": self.scale_final,
             "peak_zero": self.peak_zero,
-            "underflow_steps": self.underflow_steps,
+            "float32_checks": self.float32_checks,
+            "underflow_checks": self.underflow_checks,
             "first_underflow": self.first_underflow,
+            "peak_excess": self.peak_excess,
+            "peak_rel_error": self.peak_rel_error,
+            "worst_variable": list(self.worst_variable) if self.worst_variable else None,
+            "underflow_advice": self.underflow_advice,
             "timed_examples": self.timed_examples,
             "timed_seconds": self.timed_seconds,
             "diverged": list(self.diverged) if self.diverged else None,
@@ -83,12 +94,23 @@ class SummaryBuilder:
         self.scale_max = r.loss_scale if self.scale_max is None else max(self.scale_max, r.loss_scale)
         self.scale_final = r.loss_scale
         self.peak_zero = max(self.peak_zero or 0.0, r.zero_grad_fraction)
-        if self.context.compute_dtype == "float16" and r.zero_grad_fraction >= UNDERFLOW_ZERO_FRACTION:
-            self.underflow_steps += 1
-            self.first_underflow = self.first_underflow or r.step
         if timed:
             self.timed_examples += batch_size
             self.timed_seconds += r.step_time_ms / 1000.0
+
+    def add_check(self, c: CheckResult) -> None:
+        """Fold in one float32 check (worker.float32_check)."""
+        self.float32_checks += 1
+        self.peak_excess = max(self.peak_excess or 0.0, c.excess_zero_fraction)
+        if c.grad_rel_error is not None:
+            self.peak_rel_error = max(self.peak_rel_error or 0.0, c.grad_rel_error)
+        if not c.flagged:
+            return
+        self.underflow_checks += 1
+        self.first_underflow = self.first_underflow or c.step
+        if c.worst_variable is not None and (self.worst_variable is None or c.worst_share > self.worst_variable[1]):
+            self.worst_variable = (c.worst_variable, c.worst_share)
+        self.underflow_advice = self.underflow_advice or c.advice
 
     def mark_diverged(self, step: int, message: str) -> None:
         self.diverged = (step, message)
@@ -101,21 +123,18 @@ class SummaryBuilder:
     def diagnoses(self) -> list[Diagnosis]:
         c, out = self.context, []
         if self.first_underflow is not None:
-            advice = {
-                LossScaleMode.NONE: "Turn on loss scaling: loss_scale 'dynamic', or 'fixed' with a scale such as 1024.",
-                LossScaleMode.FIXED: "The fixed scale is too low for these gradients: raise it, or use 'dynamic'.",
-                LossScaleMode.DYNAMIC: "The dynamic scale was too low at those steps; raise initial_scale.",
-            }[c.loss_scale_mode]
+            worst = (f" The most affected weight was {self.worst_variable[0]} ({self.worst_variable[1]:.1%} of its "
+                     "values).") if self.worst_variable else ""
             out.append(Diagnosis(
                 code="gradient_underflow",
                 first_step=self.first_underflow,
                 message=(
-                    f"On {self.underflow_steps} of {self.steps_done} steps at least "
-                    f"{UNDERFLOW_ZERO_FRACTION:.0%} of gradient elements were exactly zero (peak "
-                    f"{(self.peak_zero or 0):.1%}) under {c.policy}: the gradients fell below float16's "
-                    f"smallest subnormal ({FLOAT16_SUBNORMAL_MIN:.1e}) and flushed to zero, so those weights "
-                    f"did not learn. {advice}"
-                ),
+                    f"On {self.underflow_checks} of {self.float32_checks} checked steps, gradient values that "
+                    f"are not zero in float32 came out exactly zero under {c.policy} (at most "
+                    f"{_floor_percent(self.peak_excess or 0.0)} of all values, first at step "
+                    f"{self.first_underflow}), so those weights did not learn on those steps.{worst} "
+                    + (self.underflow_advice or "")
+                ).strip(),
             ))
         if self.skipped_steps:
             out.append(Diagnosis(
@@ -135,6 +154,20 @@ class SummaryBuilder:
             out.append(Diagnosis(code="diverged", first_step=self.diverged[0], message=self.diverged[1]))
         if c.slow_precision_message:
             out.append(Diagnosis(code="slow_precision_on_device", first_step=None, message=c.slow_precision_message))
+        if c.policy.startswith("mixed_") and c.output_dtype != "float32":
+            out.append(Diagnosis(
+                code="half_precision_output",
+                first_step=None,
+                message=(
+                    f"The model's output is {c.output_dtype} under {c.policy}: its last layer computes in "
+                    f"{c.output_dtype}, so the outputs the loss sees (a softmax's probabilities, say) were "
+                    f"rounded to {c.output_dtype} first. Small probabilities lose most of their digits or "
+                    "become 0, which the loss's log then makes inf. Keras's mixed-precision guide keeps the "
+                    "last layer in float32: give it dtype='float32'. In a keras_json, a layer keeps float32 "
+                    "when the other layers have another dtype, so build the model under the mixed policy and "
+                    "pin the head."
+                ),
+            ))
         if c.float32_layers:
             out.append(Diagnosis(
                 code="float32_fallback",
@@ -156,7 +189,15 @@ class SummaryBuilder:
             loss_scale_max=self.scale_max,
             loss_scale_final=self.scale_final,
             peak_zero_grad_fraction=self.peak_zero,
+            float32_checks=self.float32_checks,
+            peak_excess_zero_fraction=self.peak_excess,
+            peak_grad_rel_error=self.peak_rel_error,
             mean_examples_per_sec=(self.timed_examples / self.timed_seconds) if self.timed_seconds > 0 else None,
             precision_speed=self.precision_speed,
             diagnoses=self.diagnoses(),
         )
+
+
+def _floor_percent(share: float) -> str:
+    """A share as a percentage, never rounded up (99.96% must not read as 100%)."""
+    return f"{math.floor(share * 1000) / 10:g}%"

@@ -15,13 +15,16 @@ from typing import Any, Protocol
 
 import keras
 import numpy as np
+from keras.src.losses.losses import LossFunctionWrapper  # what compile wraps a function in; not exported
 
 from app.errors import Diverged
 from app.schemas import LossScaleMode, StepRecord, Summary
-from worker.optimizer import TelemetryOptimizer
+from worker.float32_check import CheckResult
+from worker.optimizer import TELEMETRY_FIELDS, TelemetryOptimizer, zero_fraction
 from worker.summary import SummaryBuilder
 
 TELEMETRY_LOG_KEY = "step_telemetry"
+_FIELD = {name: index for index, name in enumerate(TELEMETRY_FIELDS)}
 DIVERGENCE_PATIENCE = 10
 """Consecutive non-finite losses after which a scaled run is declared diverged."""
 
@@ -65,21 +68,29 @@ class FanOut:
             reporter.summary(summary)
 
 
+def compiled_loss(loss: Any) -> keras.losses.Loss:
+    """The `Loss` that `model.compile(loss=loss)` computes: a function is wrapped, as Keras
+    wraps it, so it reduces over the batch and computes in float32 whatever the output's dtype."""
+    loss_obj = keras.losses.get(loss)
+    if isinstance(loss_obj, keras.losses.Loss):
+        return loss_obj
+    name = loss if isinstance(loss, str) else getattr(loss_obj, "__name__", "loss")
+    return LossFunctionWrapper(loss_obj, name=name)
+
+
 @keras.saving.register_keras_serializable(package="mpjobs")
 class BatchLoss(keras.metrics.Metric):
     """The loss of the current batch alone, unscaled (Keras's `loss` is a running mean)."""
 
     def __init__(self, loss: Any = None, name: str = "batch_loss", **kwargs: Any) -> None:
         super().__init__(name=name, **kwargs)
-        self._loss_fn = keras.losses.get(loss) if loss is not None else None
+        self._loss_fn = compiled_loss(loss) if loss is not None else None
         self.value = self.add_variable(shape=(), initializer="zeros", name="value")
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         assert self._loss_fn is not None
-        # Training uses no sample weights. Keras's compiled loss averages
-        # per-sample values ("sum_over_batch_size"), and so does this.
-        value = keras.ops.cast(self._loss_fn(y_true, y_pred), "float32")
-        self.value.assign(keras.ops.mean(value))
+        # Training uses no sample weights; the Loss reduces as the compiled loss does.
+        self.value.assign(keras.ops.cast(self._loss_fn(y_true, y_pred), "float32"))
 
     def result(self) -> Any:
         return keras.ops.convert_to_tensor(self.value)  # a tensor, not the Variable (JAX traces this)
@@ -122,6 +133,19 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _scale_as_given(value: float, initial: float) -> float:
+    """The float32 scale `value` as the spec's scale times a power of two, in float64.
+
+    Every scale in force is the spec's (initial) scale times 2**k; the variable holds it in
+    float32, so a fixed scale of 3.7 reads back as 3.700000047. Naming it by k reports 3.7.
+    """
+    rounded = float(np.float32(initial))
+    if value <= 0 or not math.isfinite(value) or rounded <= 0:
+        return value
+    k = round(math.log2(value / rounded))
+    return initial * 2.0**k if float(np.float32(rounded * 2.0**k)) == value else value
+
+
 class TelemetryCallback(keras.callbacks.Callback):
     """Builds one record per step, batches them to the reporter, checkpoints, stops.
 
@@ -147,6 +171,7 @@ class TelemetryCallback(keras.callbacks.Callback):
         report_interval_s: float,
         report_max_records: int,
         max_seconds: float | None = None,
+        checks: dict[int, CheckResult] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__()
@@ -157,6 +182,8 @@ class TelemetryCallback(keras.callbacks.Callback):
         self.should_stop = should_stop
         self.report_interval_s, self.report_max_records = report_interval_s, report_max_records
         self.clock = clock
+        self.checks: dict[int, CheckResult] = checks if checks is not None else {}
+        """The float32 checks' results by step (worker.float32_check), read when records are built."""
         self.pending: list[_RawStep] = []
         self.pending_since = 0.0
         self.stopped = False
@@ -191,7 +218,7 @@ class TelemetryCallback(keras.callbacks.Callback):
         self.step += 1
         logs = logs or {}
         telemetry = self._read_telemetry(logs)
-        loss = float(logs.get("batch_loss", telemetry[0]))
+        loss = float(logs.get("batch_loss", telemetry[_FIELD["total_loss"]]))
         if not self.pending:
             self.pending_since = now
         self.pending.append((self.step, loss, telemetry, elapsed, now))
@@ -212,7 +239,7 @@ class TelemetryCallback(keras.callbacks.Callback):
             self.model.stop_training = True
 
     def _check_divergence(self, step: int, loss: float, telemetry: list[float]) -> None:
-        _, scale, _, finite, skipped, _ = telemetry
+        scale, finite, skipped = (telemetry[_FIELD[name]] for name in ("loss_scale", "grads_finite", "skipped"))
         loss_finite = math.isfinite(loss)
         self.nonfinite_losses = 0 if loss_finite else self.nonfinite_losses + 1
         message = None
@@ -241,21 +268,31 @@ class TelemetryCallback(keras.callbacks.Callback):
     def _records(self) -> list[StepRecord]:
         """Turn the pending raw steps into records, folded into the summary in order."""
         records = []
-        for step, loss, (_, scale, grad_norm, finite, skipped, zero_fraction), elapsed, now in self.pending:
+        elements = self.model.optimizer.gradient_elements
+        penalized = bool(self.model.optimizer.penalties)
+        initial_scale = self.model.optimizer.initial_scale
+        for step, loss, telemetry, elapsed, now in self.pending:
+            t = dict(zip(TELEMETRY_FIELDS, telemetry, strict=True))
+            check = self.checks.pop(step, None)
             record = StepRecord(
                 step=step,
                 loss=_finite_or_none(loss),
-                loss_scale=scale,
-                grad_norm=_finite_or_none(grad_norm),
-                grads_finite=bool(finite),
-                skipped=bool(skipped),
-                zero_grad_fraction=zero_fraction,
+                loss_scale=_scale_as_given(t["loss_scale"], initial_scale),
+                grad_norm=_finite_or_none(t["grad_norm"]),
+                grads_finite=bool(t["grads_finite"]),
+                skipped=bool(t["skipped"]),
+                zero_grad_fraction=zero_fraction(telemetry, elements),
+                regularization_loss=_finite_or_none(t["regularization_loss"]) if penalized else None,
+                excess_zero_fraction=None if check is None else check.excess_zero_fraction,
+                grad_rel_error=None if check is None else check.grad_rel_error,
                 learning_rate=self.learning_rate,
                 examples_per_sec=self.batch_size / elapsed if elapsed > 0 else 0.0,
                 step_time_ms=elapsed * 1000.0,
                 time=now,
             )
             self.builder.add(record, timed=step != self.first_step, batch_size=self.batch_size)
+            if check is not None:
+                self.builder.add_check(check)
             records.append(record)
         self.pending = []
         return records

@@ -32,6 +32,8 @@ log = logging.getLogger("mpjobs.worker")
 LOGDIR = "tensorboard"
 """The event files' folder under a job's artifacts folder."""
 TAGS = ("loss", "loss_scale", "grad_norm", "zero_grad_fraction", "examples_per_sec", "skipped")
+SOMETIMES = ("regularization_loss", "excess_zero_fraction", "grad_rel_error")
+"""Tags of the values only some steps have (penalties; the float32 check's steps): written when present."""
 FLUSH_SECS = 2
 
 
@@ -42,6 +44,8 @@ def _value(record: StepRecord, tag: str) -> float:
 
 def step_event(record: StepRecord) -> Event:
     values = [TbSummary.Value(tag=tag, simple_value=_value(record, tag)) for tag in TAGS]
+    values += [TbSummary.Value(tag=tag, simple_value=float(getattr(record, tag))) for tag in SOMETIMES
+               if getattr(record, tag) is not None]
     return Event(wall_time=record.time, step=record.step, summary=TbSummary(value=values))
 
 

@@ -117,7 +117,7 @@ def test_deep_keras_json_is_refused() -> None:
 
 
 def test_keras_json_loss_lists_choices() -> None:
-    field, msg = only_error({"model": {"keras_json": _keras_json([]), "loss": "hinge"}})
+    field, msg = only_error({"model": {"keras_json": _keras_json([]), "loss": "poisson"}})
     assert field == "model.keras_json.loss"
     assert "'mean_squared_error'" in msg and "'output_mean'" in msg
 
@@ -133,3 +133,43 @@ def test_transformer_heads_must_divide_width() -> None:
     field, msg = only_error({"model": {"name": "transformer", "d_model": 65, "heads": 4}})
     assert field == "model.transformer"
     assert "d_model=65" in msg
+
+
+@pytest.mark.parametrize(("alias", "name"), [
+    ("mse", "mean_squared_error"), ("MAE", "mean_absolute_error"), ("mape", "mean_absolute_percentage_error"),
+    ("msle", "mean_squared_logarithmic_error"), ("bce", "binary_crossentropy"), ("kld", "kl_divergence"),
+    ("CategoricalCrossentropy", "categorical_crossentropy"), ("LogCosh", "log_cosh"), ("hinge", "hinge"),
+])
+def test_keras_loss_aliases_become_the_long_name(alias: str, name: str) -> None:
+    spec = JobSpec.model_validate({"model": {"keras_json": _keras_json([]), "loss": alias}})
+    assert spec.model.loss == name  # type: ignore[union-attr]
+    assert spec.model_dump(mode="json")["model"]["loss"] == name
+
+
+def test_unknown_loss_names_the_field_and_every_allowed_name() -> None:
+    field, msg = only_error({"model": {"keras_json": _keras_json([]), "loss": "logcosh"}})
+    assert field == "model.keras_json.loss"
+    assert msg.startswith("Value error, model.loss must be one of 'sparse_categorical_crossentropy', ")
+    assert all(f"'{name}'" in msg for name in ("log_cosh", "output_mean", "mse", "kld", "MeanSquaredError"))
+    assert msg.endswith("Received: loss='logcosh'")
+
+
+def test_every_accepted_loss_name_is_the_keras_loss_it_stands_for() -> None:
+    import keras
+    from keras.src.losses import ALL_OBJECTS_DICT
+
+    from app.schemas import KERAS_LOSSES, LOSS_ALIASES
+
+    functions = {name: keras.losses.get(name) for name in KERAS_LOSSES if name != "output_mean"}
+    assert all(fn.__name__ == name for name, fn in functions.items())
+    for alias, name in LOSS_ALIASES.items():
+        resolved = keras.losses.get(alias)
+        assert getattr(resolved, "fn", resolved) is functions[name], alias
+    # Every other name Keras resolves to one of these losses is listed too.
+    for key in ALL_OBJECTS_DICT:
+        try:
+            resolved = keras.losses.get(key)
+        except (TypeError, ValueError):  # base classes that need arguments
+            continue
+        if getattr(resolved, "fn", resolved) in functions.values():
+            assert key in KERAS_LOSSES or key in LOSS_ALIASES, key

@@ -38,9 +38,13 @@ def test_float16_without_loss_scale_flushes_every_gradient_to_zero(train: Train)
     record = reporter.records[0]
     assert record.zero_grad_fraction >= 0.99
     assert record.grad_norm == 0.0
+    # float32 has almost no zeros here: nearly every zero is underflow, and nothing is left of the gradient.
+    assert record.excess_zero_fraction is not None and record.excess_zero_fraction >= 0.99
+    assert record.grad_rel_error == 1.0
     codes = {d.code: d for d in result.summary.diagnoses}
     assert codes["gradient_underflow"].first_step == 1
-    assert "loss scaling" in codes["gradient_underflow"].message
+    assert "A larger scale recovers them" in codes["gradient_underflow"].message
+    assert "Turn on loss scaling" in codes["gradient_underflow"].message
 
 
 @pytest.mark.parametrize("loss_scale", [{"mode": "fixed", "scale": 1024}, "dynamic"])
@@ -48,6 +52,7 @@ def test_loss_scaling_recovers_the_float32_gradient(train: Train, loss_scale: ob
     reference, _ = first_step_gradient(train, "float32", "none")
     grads, (result, reporter) = first_step_gradient(train, "mixed_float16", loss_scale)
     assert reporter.records[0].zero_grad_fraction < 0.01
+    assert reporter.records[0].excess_zero_fraction is not None and reporter.records[0].excess_zero_fraction < 1e-3
     assert relative_l2(grads, reference) < 0.02
     assert "gradient_underflow" not in {d.code for d in result.summary.diagnoses}
 

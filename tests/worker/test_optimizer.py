@@ -12,7 +12,10 @@ from worker.telemetry import BatchLoss
 
 
 def telemetry(opt: TelemetryOptimizer) -> dict[str, float]:
-    return dict(zip(TELEMETRY_FIELDS, ops.convert_to_numpy(opt.telemetry).tolist(), strict=True))
+    """The telemetry vector by name, its two-part zero count joined into `zero_count`."""
+    t = dict(zip(TELEMETRY_FIELDS, ops.convert_to_numpy(opt.telemetry).tolist(), strict=True))
+    t["zero_count"] = t.pop("zeros_high") * 2**24 + t.pop("zeros_low")
+    return t
 
 
 def make(
@@ -35,8 +38,8 @@ def test_telemetry_of_one_step_is_exact() -> None:
     opt, variables = make("fixed", 2.0)
     opt.scale_loss(ops.convert_to_tensor(1.5))
     opt.apply([ops.convert_to_tensor([6.0, 8.0]), ops.convert_to_tensor([0.0, 0.0])], variables)
-    assert telemetry(opt) == {"loss": 1.5, "loss_scale": 2.0, "grad_norm": 5.0, "grads_finite": 1.0,
-                              "skipped": 0.0, "zero_grad_fraction": 0.5}
+    assert telemetry(opt) == {"total_loss": 1.5, "loss_scale": 2.0, "grad_norm": 5.0, "grads_finite": 1.0,
+                              "skipped": 0.0, "zero_count": 2, "regularization_loss": 0.0}
     # The unscaled gradient [3, 4] was applied with rate 0.5.
     np.testing.assert_array_equal(ops.convert_to_numpy(variables[0]), [-0.5, -1.0])
 
@@ -61,7 +64,7 @@ def test_both_zero_counts_are_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     by_comparison, variables = make("none", size=4)
     by_comparison.apply(grads, variables)
     assert telemetry(by_sign) == telemetry(by_comparison)
-    assert telemetry(by_sign)["zero_grad_fraction"] == 0.5 and telemetry(by_sign)["grad_norm"] == 10.0
+    assert telemetry(by_sign)["zero_count"] == 4 and telemetry(by_sign)["grad_norm"] == 10.0
 
 
 def test_a_non_finite_step_still_counts_its_zeros() -> None:
@@ -70,7 +73,7 @@ def test_a_non_finite_step_still_counts_its_zeros() -> None:
     opt.apply([ops.convert_to_tensor([np.nan, 0.0, 1.0, 0.0]), ops.convert_to_tensor([np.inf, 0.0, 2.0, 3.0])],
               variables)
     t = telemetry(opt)
-    assert t["grads_finite"] == 0.0 and t["skipped"] == 1.0 and t["zero_grad_fraction"] == 0.375
+    assert t["grads_finite"] == 0.0 and t["skipped"] == 1.0 and t["zero_count"] == 3
 
 
 def test_dynamic_rule_matches_keras_loss_scale_optimizer() -> None:
@@ -112,3 +115,71 @@ def test_batch_loss_is_the_batch_not_the_running_mean() -> None:
     assert seen[0]["batch_loss"] == pytest.approx(predictions[0] ** 2, rel=1e-6)
     assert seen[1]["batch_loss"] == pytest.approx(predictions[1] ** 2, rel=1e-6)
     assert seen[1]["loss"] == pytest.approx((predictions[0] ** 2 + predictions[1] ** 2) / 2, rel=1e-6)
+
+
+def test_sparse_gradient_counts_and_norms_its_dense_sum() -> None:
+    import tensorflow as tf
+
+    # Rows 1 and 3 repeat; 1's two parts cancel to exactly zero once summed, as the update sums them.
+    values = np.array([[1.0, 2.0], [-1.0, -2.0], [3.0, 0.0], [4.0, 5.0], [0.5, 0.5]], np.float32)
+    indices = np.array([1, 1, 3, 3, 0])
+    sparse = tf.IndexedSlices(tf.constant(values), tf.constant(indices), tf.constant([5, 2]))
+    dense = np.zeros((5, 2))
+    np.add.at(dense, indices, values.astype(np.float64))
+    for mode in ("none", "fixed"):
+        opt = TelemetryOptimizer(keras.optimizers.SGD(learning_rate=0.5), mode=mode, initial_scale=4.0)
+        variable = keras.Variable(np.zeros((5, 2), np.float32))
+        opt.build([variable])
+        opt.apply([sparse if mode == "none" else tf.IndexedSlices(sparse.values * 4.0, sparse.indices,
+                                                                  sparse.dense_shape)], [variable])
+        t = telemetry(opt)
+        assert t["zero_count"] == np.sum(dense == 0) == 6
+        assert t["grad_norm"] == pytest.approx(np.linalg.norm(dense), rel=1e-7)
+        np.testing.assert_allclose(ops.convert_to_numpy(variable), -0.5 * dense, rtol=1e-7)
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize("where", [0, 1])
+def test_finiteness_is_tested_in_every_tensor(bad: float, where: int) -> None:
+    opt, variables = make("dynamic", 4.0, size=3)
+    grads = [np.array([1.0, 2.0, 3.0], np.float32), np.array([1e-3, 0.0, 5.0], np.float32)]
+    grads[where][1] = bad
+    opt.apply([ops.convert_to_tensor(g) for g in grads], variables)
+    assert telemetry(opt)["grads_finite"] == 0.0 and telemetry(opt)["skipped"] == 1.0
+
+
+def test_a_finite_norm_beyond_float32_squares_is_finite_and_exact() -> None:
+    # The sum of squares (2e40) overflows float32; the gradient and its norm (1.4e20) do not.
+    opt, variables = make("none", size=2)
+    grads = [np.array([1e20, -1e19], np.float32), np.array([3e19, 0.0], np.float32)]
+    opt.apply([ops.convert_to_tensor(g) for g in grads], variables)
+    t = telemetry(opt)
+    expected = np.sqrt(sum(np.sum(np.square(g.astype(np.float64))) for g in grads))
+    assert t["grads_finite"] == 1.0 and t["grad_norm"] == pytest.approx(expected, rel=1e-6)
+    # Tiny gradients, whose squares underflow float32, keep their norm too.
+    opt, variables = make("none", size=2)
+    opt.apply([ops.convert_to_tensor([3e-30, 4e-30]), ops.convert_to_tensor([0.0, 0.0])], variables)
+    assert telemetry(opt)["grad_norm"] == pytest.approx(5e-30, rel=1e-6)
+
+
+def test_every_value_zero_counts_every_value() -> None:
+    opt, variables = make("none", size=4)
+    opt.apply([ops.zeros((4,)), ops.zeros((4,))], variables)
+    assert telemetry(opt)["zero_count"] == 8 == opt.gradient_elements
+
+
+def test_pure_float16_statistics_precede_the_cast_back() -> None:
+    # At scale 2**20, a float16 gradient of 2**-5 means 2**-25 unscaled: float16 flushes it, float32 keeps it.
+    variable = keras.Variable(np.ones((2,), np.float16), dtype="float16")
+    opt = TelemetryOptimizer(keras.optimizers.SGD(learning_rate=1.0), mode="fixed", initial_scale=2.0**20)
+    opt.build([variable])
+    opt.apply([ops.convert_to_tensor(np.array([2.0**-5, 2.0**-5], np.float16))], [variable])
+    t = telemetry(opt)
+    assert t["zero_count"] == 0 and t["grad_norm"] == pytest.approx(2.0**-25 * np.sqrt(2), rel=1e-7)
+
+
+def test_penalties_are_reported_at_the_step_s_weights() -> None:
+    opt, variables = make("none", size=2)
+    opt.penalties = [(1, keras.regularizers.L2(0.5))]
+    opt.apply([ops.convert_to_tensor([1.0, 1.0]), ops.convert_to_tensor([1.0, 1.0])], variables)
+    assert telemetry(opt)["regularization_loss"] == 0.5 * 2  # at the weights before the update: ones

@@ -46,3 +46,14 @@ def test_resumed_attempt_replaces_the_lost_attempts_steps(tmp_path: Path) -> Non
     loss = read(tmp_path).Scalars("loss")
     assert [e.step for e in loss] == list(range(1, 21))
     assert [e.value for e in loss] == [10.0] * 10 + [1.0] * 10
+
+
+def test_the_float32_check_s_values_appear_on_the_steps_that_have_them(tmp_path: Path) -> None:
+    board = TensorBoardReporter(tmp_path)
+    checked = record(1, 2.0).model_copy(update={"excess_zero_fraction": 0.25, "grad_rel_error": 0.5})
+    board.steps([checked, record(2, 1.0)])
+    board.close()
+    events = read(tmp_path)
+    assert [(e.step, e.value) for e in events.Scalars("excess_zero_fraction")] == [(1, 0.25)]
+    assert [(e.step, e.value) for e in events.Scalars("grad_rel_error")] == [(1, 0.5)]
+    assert "regularization_loss" not in events.Tags()["scalars"]

@@ -1,0 +1,121 @@
+"""The float32 check's cost: the engine with the check at its default interval against the same
+engine with the check off (`training.underflow_check_every=0`).
+
+Both sides are `worker.engine.Training`, the object `run_job` drives, on the same spec and batches;
+they take turns piece by piece as in `bench.engine_overhead` (order alternating, the ratio the
+median over pieces of the two sides' seconds per step). A check runs before the steps it is due
+on, so the steady-state figure (the time between step ends) includes every check after step 1.
+Step 1's check also builds the float32 twin and traces both gradient functions: that one-off cost
+is timed on its own, beside a steady check and a training step.
+
+    python -m bench.float32_check [--repeats N] [--quick]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+
+from app.schemas import UNDERFLOW_CHECK_EVERY, JobSpec  # noqa: E402
+from bench.engine_overhead import GOAL, PIECES, Engine, _per_step, _piece_ratios  # noqa: E402
+from bench.report import Row, cli  # noqa: E402
+
+MODEL = {"name": "mlp"}
+POLICY = "mixed_float16"
+STEPS = 600
+REPEATS = 5
+
+
+def spec(steps: int, every: int) -> JobSpec:
+    return JobSpec.model_validate({
+        "model": MODEL, "precision_policy": POLICY,
+        "training": {"steps": steps, "batch_size": 32, "checkpoint_every": steps, "underflow_check_every": every},
+        "dataset": {"samples": 4096},
+    })
+
+
+@contextlib.contextmanager
+def _session_kept() -> Iterator[None]:
+    """Build a second engine without clearing the session: a model built before another's
+    clear_session() trains measurably slower (bench.engine_overhead), and both must train as built."""
+    clear = keras.backend.clear_session
+    keras.backend.clear_session = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        keras.backend.clear_session = clear
+
+
+def pair(steps: int, repeat: int) -> tuple[list[list[float]], list[list[float]]]:
+    """Step-end times per piece of (check off, check on), taking turns on the same batches."""
+    with tempfile.TemporaryDirectory() as out:
+        on = Engine(spec(steps, UNDERFLOW_CHECK_EVERY), Path(out) / "on")
+        with _session_kept():
+            off = Engine(spec(steps, 0), Path(out) / "off")
+        (x, y), = on.training.segments()
+        rows = len(x) // PIECES
+        for piece in range(PIECES):
+            part = slice(piece * rows, len(x) if piece == PIECES - 1 else (piece + 1) * rows)
+            for side in (off, on) if (piece + repeat) % 2 == 0 else (on, off):
+                side.fit(x[part], y[part])
+        return off.finish(), on.finish()
+
+
+def one_check(repeats: int) -> tuple[float, float, float]:
+    """(first check, steady check, one training step) in ms, medians over repeats, on fresh engines."""
+    first: list[float] = []
+    steady: list[float] = []
+    step: list[float] = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as out:
+            engine = Engine(spec(2 * PIECES, UNDERFLOW_CHECK_EVERY), Path(out))
+            check = engine.training.check
+            assert check is not None
+            check.set_model(engine.training.model)
+            (x, y), = engine.training.segments()
+            bs = engine.training.spec.training.batch_size
+            for times in (first, steady):
+                start = time.perf_counter()
+                check.check(1, x[:bs], y[:bs])
+                times.append(time.perf_counter() - start)
+            engine.fit(x, y)
+            step.append(_per_step(engine.finish()))
+    return statistics.median(first) * 1e3, statistics.median(steady) * 1e3, statistics.median(step) * 1e3
+
+
+def run(quick: bool = False, repeats: int | None = None) -> list[Row]:
+    steps, n = (STEPS // 3, 2) if quick else (STEPS, REPEATS)
+    n = repeats or n
+    off, on, ratios = [], [], []
+    for repeat in range(n):
+        a, b = pair(steps, repeat)
+        off.append(_per_step(a))
+        on.append(_per_step(b))
+        ratios += _piece_ratios(b, a)
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    ratio = statistics.median(ratios)
+    first, steady, step = one_check(n)
+    label = f"mlp {POLICY} + dynamic"
+    return [
+        Row("float32 check", f"{label}, every {UNDERFLOW_CHECK_EVERY} steps (the default), {steps} steps, {n} "
+            f"repeats of {PIECES} pieces (quartiles of piece ratios {q1:.2f}–{q3:.2f})", "same engine, check off",
+            statistics.median(off) * 1e3, statistics.median(on) * 1e3, "ms/step", ratio, f"ratio <= {GOAL}",
+            ratio <= GOAL),
+        Row("float32 check", f"{label}: one check (two gradients and their comparison)", "one training step",
+            step, steady, "ms", steady / step),
+        Row("float32 check", f"{label}: the first check (twin build, two traces)", "one training step", step,
+            first, "ms", first / step),
+    ]
+
+
+if __name__ == "__main__":
+    cli(f"The float32 check's cost, keras {keras.__version__} ({keras.backend.backend()})", __doc__, run)

@@ -1,0 +1,72 @@
+"""Recognise a backend's "no kernel for this dtype" error, wherever it is raised.
+
+TensorFlow and XLA say it several ways, in graphs and eagerly, while a model
+trains or while it is built (an initializer's op). `missing_kernel` turns each
+into `UnsupportedPrecision` with the op (or, where TensorFlow names only the
+op's parameter, that parameter) and a fix.
+
+>>> error = RuntimeError("The precision 'F16_F16_F32' is not supported by dot_general on CPU.")
+>>> missing_kernel(error, "float16", "jax", "cpu").message.split(".")[0]
+'jax has no float16 kernel for op dot_general on this cpu'
+"""
+
+from __future__ import annotations
+
+import re
+
+from app.errors import UnsupportedPrecision
+
+_NO_KERNEL_HERE = re.compile(
+    r"No OpKernel was registered to support Op '(?P<graph>\w+)'"
+    r"|Could not find device for node: .*? = (?P<eager>\w+)\["
+    # XLA under JAX, e.g. float16 attention with float32 accumulation on CPU:
+    r"|The precision '\w+' is not supported by (?P<xla>\w+) on"
+)
+"""The op exists for the dtype, but this device has no kernel for it."""
+
+_NO_KERNEL_ANYWHERE = re.compile(
+    # The op's definition leaves the dtype out, e.g. TensorFlow's Qr (the Orthogonal
+    # initializer of LSTM and GRU) has no bfloat16: eagerly "[Op:Qr]", in a graph "Op<name=Qr".
+    r"Value for attr '\w+' of (?P<dtype>b?float\d+|half) is not in the list of allowed values"
+    r".*?(?:Op<name=(?P<graph>\w+)|\[Op:(?P<eager>\w+)\])"
+    # A graph node whose shape function refuses the dtype, e.g. Range with Tidx=DT_HALF:
+    r"|Unsupported dtype\w* for '\{\{node [^}]*\}\} = (?P<node>\w+)\[[^\]]*DT_(?:HALF|BFLOAT16)"
+    # Building a graph op; TensorFlow names only the parameter here:
+    r"|Value passed to parameter '(?P<parameter>\w+)' has DataType (?P<passed>b?float\d+|half) not in list of allowed",
+    re.DOTALL,
+)
+"""No device has a kernel of the op for the dtype."""
+
+
+def missing_kernel(
+    exc: BaseException, compute_dtype: str, backend: str, device_kind: str
+) -> UnsupportedPrecision | None:
+    """The named failure for an error that says an op has no kernel for a dtype, else None.
+
+    Args:
+        exc: The error raised while the model was built or trained.
+        compute_dtype: The policy's compute dtype, named when the error does not name one.
+        backend: The Keras backend, e.g. "tensorflow".
+        device_kind: "cpu" or "gpu".
+    """
+    text = str(exc)
+    here = _NO_KERNEL_HERE.search(text)
+    if here:
+        op = here["graph"] or here["eager"] or here["xla"]
+        others = "mixed_bfloat16 or float32" if compute_dtype == "float16" else "float32"
+        elsewhere = ", or run it on a GPU" if device_kind == "cpu" else ""
+        return UnsupportedPrecision(
+            f"{backend} has no {compute_dtype} kernel for op {op} on this {device_kind}. "
+            f"Fix: use {others} for this model on {device_kind}{elsewhere}."
+        )
+    anywhere = _NO_KERNEL_ANYWHERE.search(text)
+    if anywhere:
+        named = anywhere["graph"] or anywhere["eager"] or anywhere["node"]
+        op = f"op {named}" if named else f"the op that takes parameter {anywhere['parameter']!r}"
+        dtype = anywhere["dtype"] or anywhere["passed"] or compute_dtype
+        return UnsupportedPrecision(
+            f"{backend} has no {dtype} kernel for {op} on any device. "
+            f"Fix: use float32 for this model, or a mixed policy if the op only initializes weights "
+            f"(it keeps them in float32), or avoid the layer that runs it."
+        )
+    return None

@@ -47,6 +47,7 @@ def _result(variant: Variant, job: Job, base: Job, is_base: bool) -> VariantResu
         speedup=speed / base_speed if speed and base_speed else None,
         skipped_steps=summary.skipped_steps if summary else None,
         peak_zero_grad_fraction=summary.peak_zero_grad_fraction if summary else None,
+        peak_excess_zero_fraction=summary.peak_excess_zero_fraction if summary else None,
         diagnoses=summary.diagnoses if summary else [],
         error=job.error,
         device=_device(job),
@@ -90,8 +91,9 @@ def _phrase(r: VariantResult, tolerance: float) -> str:
     gap = r.loss_gap
     if UNDERFLOW in codes:
         cause = "without loss scaling" if r.loss_scale is None or r.loss_scale.mode == "none" else "even with scaling"
-        zero = f" (up to {math.floor(r.peak_zero_grad_fraction * 1000) / 10:g}% of gradient values exactly zero)" \
-            if r.peak_zero_grad_fraction is not None else ""
+        excess = r.peak_excess_zero_fraction
+        zero = f" (up to {math.floor(excess * 1000) / 10:g}% of gradient values zero that are not zero in float32)" \
+            if excess is not None else ""
         end = f", and its loss ends {_percent(gap, sign=True)} from float32's" if gap is not None else ""
         return f"{r.label}: {cause} gradients underflow{zero}{end}"
     if gap is None:

@@ -124,6 +124,8 @@ class VariantResult(BaseModel):
     """examples_per_sec over float32's."""
     skipped_steps: int | None
     peak_zero_grad_fraction: float | None
+    peak_excess_zero_fraction: float | None = None
+    """Largest share of gradient values zero under the variant's policy but not in float32 (checked steps)."""
     diagnoses: list[Diagnosis]
     error: JobError | None
     device: str | None

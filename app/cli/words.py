@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from app.comparisons import FASTER as SAME_SPEED
@@ -67,6 +68,9 @@ def summary_lines(job: dict[str, Any]) -> list[str]:
         f"  loss scale       min {scale_num(s['loss_scale_min'])}, max {scale_num(s['loss_scale_max'])}, "
         f"final {scale_num(s['loss_scale_final'])}",
         f"  peak zero grads  {'n/a' if peak is None else f'{peak:.1%}'} of gradient elements exactly zero",
+        *([f"  vs float32       on {s['float32_checks']} checked steps, at most "
+           f"{_floor_percent(s['peak_excess_zero_fraction'])} of values zero only here, gradient error "
+           f"{_or_dash(s.get('peak_grad_rel_error'), '.2g')}"] if s.get("float32_checks") else []),
         f"  throughput       {'n/a' if speed is None else f'{speed:,.0f}'} examples/s",
     ]
     if s.get("precision_speed"):
@@ -85,6 +89,11 @@ def table(header: list[str], rows: list[list[str]]) -> str:
                      for r in [header, *rows])
 
 
+def _floor_percent(share: float) -> str:
+    """A share as a percentage with one decimal, never rounded up (99.96% is not 100%)."""
+    return f"{math.floor(share * 1000) / 10:.1f}%"
+
+
 def _or_dash(value: Any, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
@@ -99,9 +108,10 @@ def comparison_report(c: dict[str, Any]) -> str:
             "0.0%" if gap is not None and abs(gap) < 0.0005 else _or_dash(gap, "+.1%"),
             _or_dash(v.get("examples_per_sec"), ",.0f"), _or_dash(v.get("speedup"), ".2f"),
             _or_dash(v.get("skipped_steps"), "d"), _or_dash(v.get("peak_zero_grad_fraction"), ".1%"),
+            "-" if v.get("peak_excess_zero_fraction") is None else _floor_percent(v["peak_excess_zero_fraction"]),
             ",".join(d["code"] for d in v.get("diagnoses") or []) or "-", v["job_id"]])
     header = ["VARIANT", "STATE", "STEP", "FINAL LOSS", "VS FLOAT32", "EXAMPLES/S", "SPEEDUP", "SKIPPED",
-              "ZERO GRADS", "DIAGNOSES", "JOB"]
+              "ZERO GRADS", "EXCESS ZEROS", "DIAGNOSES", "JOB"]
     lines = [f"comparison {c['id']}" + (f"  {c['name']!r}" if c.get("name") else "") + f"  ({c['state']})",
              table(header, rows)]
     for v in c["variants"]:

@@ -23,6 +23,7 @@ def job(index: int, loss: float | None, speed: float, state: JobState = JobState
         summary=Summary(steps_done=100, final_loss=loss, skipped_steps=summary.get("skipped", 0),
                         loss_scale_min=1.0, loss_scale_max=1.0, loss_scale_final=1.0,
                         peak_zero_grad_fraction=summary.get("zero", 0.01), mean_examples_per_sec=speed,
+                        peak_excess_zero_fraction=summary.get("zero", 0.01),
                         diagnoses=[Diagnosis(code=c, message=c, first_step=1) for c in codes]),  # type: ignore[arg-type]
         error=JobError(reason="diverged", message="Loss was NaN for 10 steps.") if state is JobState.FAILED else None,
         attempt=1, worker=WorkerInfo(host=host, pid=1, device={"kind": device}),
@@ -47,8 +48,8 @@ def test_gaps_speedups_and_a_recommendation() -> None:
     assert by_label["mixed_bfloat16"].speedup == 2.4 and by_label["float32"].speedup == 1.0
     assert result.verdict == (
         "mixed_float16 + dynamic matches float32 within 0.8% at 2.1× speed, skipping 3 overflow steps; "
-        "mixed_float16 + none: without loss scaling gradients underflow (up to 100% of gradient values exactly zero), "
-        "and its loss ends +40% from float32's; "
+        "mixed_float16 + none: without loss scaling gradients underflow (up to 100% of gradient values zero that are "
+        "not zero in float32), and its loss ends +40% from float32's; "
         "mixed_bfloat16 matches float32 within 1.2% at 2.4× speed. Use mixed_bfloat16.")
 
 
@@ -67,7 +68,7 @@ def test_a_speed_tie_goes_to_the_safest_numerics() -> None:
 def test_peak_zero_fraction_is_never_rounded_up() -> None:
     result = report([job(0, 1.0, 1000), job(1, 1.0, 2000, start=2),
                      job(2, 1.4, 2000, start=4, codes=("gradient_underflow",), zero=0.996), job(3, 1.0, 2000, start=6)])
-    assert "(up to 99.6% of gradient values exactly zero)" in result.verdict
+    assert "(up to 99.6% of gradient values zero that are not zero in float32)" in result.verdict
 
 
 def test_no_match_keeps_float32_and_failures_are_named() -> None:

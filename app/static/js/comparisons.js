@@ -54,6 +54,7 @@ function variantRow(v) {
     h("td", { class: "num" }, v.speedup === null || v.speedup === undefined ? "–" : `${v.speedup.toFixed(2)}×`),
     h("td", { class: "num" }, v.skipped_steps ?? "–"),
     h("td", { class: "num" }, fmtPercent(v.peak_zero_grad_fraction)),
+    h("td", { class: "num" }, fmtPercent(v.peak_excess_zero_fraction)),
     h("td", { class: "diag-cell" },
       v.error ? h("p", { class: "error" }, `${v.error.reason}: ${v.error.message}`) : null,
       diagnoses.length
@@ -75,7 +76,7 @@ export function comparisonView(root, comparisonId) {
     h("div", { class: "title-row" }, title, cancelButton), specLine, verdict, problem,
     h("div", { class: "table-wrap" }, h("table", { class: "variants", "data-testid": "variants" },
       h("thead", {}, h("tr", {}, ["Variant", "State", "Final loss", "Gap vs float32", "Examples/s", "Speedup",
-        "Skipped steps", "Peak zero-grad", "Diagnoses"].map((t) => h("th", { scope: "col" }, t)))),
+        "Skipped steps", "Peak zero-grad", "Excess zeros vs float32", "Diagnoses"].map((t) => h("th", { scope: "col" }, t)))),
       body)),
     h("h2", {}, "Loss curves"),
     h("p", { class: "muted" }, `Mean loss per bucket of steps (up to ${CURVE_POINTS} points per variant).`),

@@ -20,6 +20,10 @@ function summaryList(summary) {
     ["Loss scale min / max / final",
       [summary.loss_scale_min, summary.loss_scale_max, summary.loss_scale_final].map((v) => fmtNumber(v, 6)).join(" / ")],
     ["Peak zero-gradient fraction", fmtPercent(summary.peak_zero_grad_fraction)],
+    ...(summary.float32_checks ? [
+      ["Peak excess zeros vs float32", `${fmtPercent(summary.peak_excess_zero_fraction)} (${summary.float32_checks} checked steps)`],
+      ["Peak gradient error vs float32", fmtNumber(summary.peak_grad_rel_error, 2)],
+    ] : []),
     ["Mean examples/s", fmtNumber(summary.mean_examples_per_sec)],
   ];
   const ps = summary.precision_speed;

@@ -8,6 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from app.config import Settings
+from tests.worker.conftest import Train
+from tests.worker.test_numerics import partial_underflow_case, regularized_case
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
@@ -57,3 +63,47 @@ def test_engine_runs_and_resumes_under_jax() -> None:
     assert [r["step"] for r in resumed] == list(range(1, 25))
     assert [r["loss"] for r in resumed] == [r["loss"] for r in data["whole"]]
     assert [r["loss_scale"] for r in resumed] == [r["loss_scale"] for r in data["whole"]]
+
+
+AGREE_SCRIPT = """
+import json, sys, tempfile
+from pathlib import Path
+from app.config import Settings
+from app.schemas import JobSpec
+from worker.engine import run_job
+from worker.telemetry import ListReporter
+
+given = json.loads(sys.stdin.read())
+out = []
+for spec in given["specs"]:
+    reporter = ListReporter()
+    result = run_job(JobSpec.model_validate(spec), reporter=reporter, checkpoint_dir=Path(tempfile.mkdtemp()),
+                     settings=Settings(data_root=Path(given["data_root"]), speed_check_steps=0))
+    out.append({"records": [r.model_dump() for r in reporter.records],
+                "diagnoses": [d.code for d in result.summary.diagnoses]})
+json.dump(out, sys.stdout)
+"""
+
+
+def test_tensorflow_and_jax_report_the_same_numbers(train: Train, settings: Settings) -> None:
+    """The data loss, penalties, norm, zeros and the float32 check agree across backends."""
+    specs = [regularized_case(settings)[0], partial_underflow_case(settings, "none")[0]]
+    env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", AGREE_SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300, input=json.dumps({"specs": [s.model_dump(mode="json") for s in specs],
+                                                         "data_root": str(settings.data_root)}))
+    assert done.returncode == 0, done.stderr[-3000:]
+    under_jax = json.loads(done.stdout.strip().splitlines()[-1])
+    for spec, jax_run in zip(specs, under_jax, strict=True):
+        result, reporter = train(spec)
+        ours = reporter.records[0].model_dump()
+        theirs = jax_run["records"][0]
+        # The two backends run different float16 kernels: the error float16 causes agrees to a few percent.
+        for field, rel in (("loss", 1e-5), ("regularization_loss", 1e-5), ("grad_norm", 1e-4),
+                           ("excess_zero_fraction", 1e-12), ("grad_rel_error", 0.05)):
+            if ours[field] is None:
+                assert theirs[field] is None, field
+            else:
+                assert theirs[field] == pytest.approx(ours[field], rel=rel), field
+        assert theirs["zero_grad_fraction"] == ours["zero_grad_fraction"]
+        assert jax_run["diagnoses"] == [d.code for d in result.summary.diagnoses]

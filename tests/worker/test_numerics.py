@@ -129,7 +129,8 @@ def partial_underflow_case(settings: Settings, loss_scale: object) -> tuple[JobS
     """Two of eight input features are 1e-5 times smaller: their rows of the first kernel get
     gradients of about 1e-9 in float32, below what float16 can hold; every other value is far above."""
     rng = np.random.default_rng(6)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, use_bias=False, name="first"),
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, use_bias=False, name="first",
+                                                                    kernel_initializer=keras.initializers.Constant(0.5)),
                               keras.layers.Dense(1, use_bias=False, name="second",
                                                  kernel_initializer=keras.initializers.Constant(1e-4))])
     model_json = str(model.to_json())
@@ -230,3 +231,49 @@ def test_a_fixed_scale_reads_back_as_given(train: Train) -> None:
                    dataset={"samples": 64})
     _, reporter = train(spec)
     assert [r.loss_scale for r in reporter.records] == [3.7, 7.4, 14.8]
+
+
+# --- 6. the data loss, and penalties beside it ------------------------------------------------
+
+
+def regularized_case(settings: Settings, policy: str = "float32") -> tuple[JobSpec, str, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(8)
+    model = keras.Sequential([
+        keras.Input((6,)),
+        # Constant weights: TensorFlow and JAX draw different random ones from one seed, and the
+        # backends' test compares their numbers on this model.
+        keras.layers.Dense(5, activation="relu", kernel_regularizer=keras.regularizers.L2(0.01),
+                           kernel_initializer=keras.initializers.Constant(0.2),
+                           bias_initializer=keras.initializers.Constant(0.1)),
+        keras.layers.Dense(2, kernel_regularizer=keras.regularizers.L1(0.002), bias_regularizer="l2",
+                           kernel_initializer=keras.initializers.Constant(-0.3),
+                           bias_initializer=keras.initializers.Constant(0.05)),
+    ])
+    model_json = str(model.to_json())
+    x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.standard_normal((8, 2)).astype(np.float32)
+    spec = npz_spec(settings, "regularized", x, y, {"keras_json": model_json, "loss": "mse"},
+                    precision_policy=policy, training={"steps": 2})
+    return spec, model_json, x, y
+
+
+def test_loss_is_the_data_loss_and_penalties_are_reported_beside_it(train: Train, settings: Settings) -> None:
+    spec, model_json, x, y = regularized_case(settings)
+    weights = [w.astype(np.float64) for w in initial_weights(spec)]
+    kernel1, _, kernel2, bias2 = weights
+    hidden = np.maximum(x.astype(np.float64) @ kernel1 + weights[1], 0.0)
+    data_loss = np.mean(np.square(hidden @ kernel2 + bias2 - y))
+    penalty = 0.01 * np.sum(kernel1**2) + 0.002 * np.sum(np.abs(kernel2)) + 0.01 * np.sum(bias2**2)
+    assert penalty > 0.01 * data_loss  # large enough that adding it would show
+
+    _, reporter = train(spec)
+    record = reporter.records[0]
+    assert record.loss == pytest.approx(data_loss, rel=1e-6)
+    assert record.regularization_loss == pytest.approx(penalty, rel=1e-6)
+    # The gradient is of the total: data loss plus penalties, as Keras trains.
+    expected = reference_gradients(model_json, spec, x, y, keras.losses.MeanSquaredError())
+    assert record.grad_norm == pytest.approx(global_norm(expected), rel=1e-6)
+
+
+def test_a_model_without_penalties_reports_none(train: Train) -> None:
+    _, reporter = train(spec_of(training={"steps": 1}, dataset={"samples": 64}))
+    assert reporter.records[0].regularization_loss is None

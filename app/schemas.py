@@ -559,6 +559,8 @@ class Summary(_Strict):
     """Largest `excess_zero_fraction` over the checked steps."""
     peak_grad_rel_error: float | None = None
     """Largest `grad_rel_error` over the checked steps."""
+    float32_check_error: str | None = None
+    """Why the float32 check stopped, if it failed (the job trained on without it)."""
     precision_speed: PrecisionSpeed | None = None
     """On a CPU, for a float16/bfloat16 policy that succeeded: its speed against float32 there."""
     diagnoses: list[Diagnosis] = []

@@ -192,7 +192,7 @@ class Training:
                 build_twin=lambda: build_model(twin_spec, on_cpu_tf=on_cpu_tf).model, loss=compiled_loss(built.loss),
                 every=t.underflow_check_every, start_step=self.start, batch_size=t.batch_size,
                 compute_dtype=policy.compute_dtype, mode=optimizer.mode,
-                need_advice=lambda: self.builder.underflow_advice is None,
+                need_advice=lambda: self.builder.underflow_advice is None, on_error=self.builder.set_check_error,
             )
         self.callback = TelemetryCallback(
             reporter=reporter, summary=self.builder, start_step=self.start, batch_size=t.batch_size,

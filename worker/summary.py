@@ -49,6 +49,7 @@ class SummaryBuilder:
         self.worst_variable: tuple[str, float] | None = (
             (str(s["worst_variable"][0]), float(s["worst_variable"][1])) if s.get("worst_variable") else None)
         self.underflow_advice: str | None = s.get("underflow_advice")
+        self.check_error: str | None = s.get("check_error")
         self.timed_examples: float = s.get("timed_examples", 0.0)
         self.timed_seconds: float = s.get("timed_seconds", 0.0)
         self.precision_speed: PrecisionSpeed | None = None
@@ -73,6 +74,7 @@ class SummaryBuilder:
             "peak_rel_error": self.peak_rel_error,
             "worst_variable": list(self.worst_variable) if self.worst_variable else None,
             "underflow_advice": self.underflow_advice,
+            "check_error": self.check_error,
             "timed_examples": self.timed_examples,
             "timed_seconds": self.timed_seconds,
             "diverged": list(self.diverged) if self.diverged else None,
@@ -111,6 +113,9 @@ class SummaryBuilder:
         if c.worst_variable is not None and (self.worst_variable is None or c.worst_share > self.worst_variable[1]):
             self.worst_variable = (c.worst_variable, c.worst_share)
         self.underflow_advice = self.underflow_advice or c.advice
+
+    def set_check_error(self, message: str) -> None:
+        self.check_error = message
 
     def mark_diverged(self, step: int, message: str) -> None:
         self.diverged = (step, message)
@@ -192,6 +197,7 @@ class SummaryBuilder:
             float32_checks=self.float32_checks,
             peak_excess_zero_fraction=self.peak_excess,
             peak_grad_rel_error=self.peak_rel_error,
+            float32_check_error=self.check_error,
             mean_examples_per_sec=(self.timed_examples / self.timed_seconds) if self.timed_seconds > 0 else None,
             precision_speed=self.precision_speed,
             diagnoses=self.diagnoses(),

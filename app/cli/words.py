@@ -71,6 +71,7 @@ def summary_lines(job: dict[str, Any]) -> list[str]:
         *([f"  vs float32       on {s['float32_checks']} checked steps, at most "
            f"{_floor_percent(s['peak_excess_zero_fraction'])} of values zero only here, gradient error "
            f"{_or_dash(s.get('peak_grad_rel_error'), '.2g')}"] if s.get("float32_checks") else []),
+        *([f"  float32 check    {s['float32_check_error']}"] if s.get("float32_check_error") else []),
         f"  throughput       {'n/a' if speed is None else f'{speed:,.0f}'} examples/s",
     ]
     if s.get("precision_speed"):

@@ -85,6 +85,7 @@ def test_functional_model_with_a_nested_sequential_trains_under_every_policy(
                    dataset={"kind": "npz", "path": "batch.npz"})
     result, reporter = train(spec)
     assert result.status == "succeeded" and result.model_path is not None
+    assert "half_precision_output" not in {d.code for d in result.summary.diagnoses}  # the head stayed float32
 
     reference = classifier(policy)
     reference.set_weights(initial_weights(spec))

@@ -7,6 +7,7 @@ is the whole file (in the engine's order, which a mean over the batch does not s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -17,7 +18,10 @@ import tensorflow as tf
 from app.config import Settings
 from app.schemas import JobSpec, PrecisionPolicy
 from tests.worker.conftest import Train, initial_weights, spec_of
+from worker.devices import detect_device
+from worker.engine import Training, never
 from worker.models import build_model
+from worker.telemetry import ListReporter
 
 FLOAT16_ROUNDS_TO_ZERO = 2.0**-25
 """float16 rounds magnitudes up to half its smallest subnormal (2**-24) to zero."""
@@ -155,6 +159,9 @@ def test_partial_underflow_of_one_layer_is_found_and_a_scale_named(train: Train,
     assert record.excess_zero_fraction == pytest.approx(lost.sum() / total, abs=1e-12)  # 8 of 36
     underflow = next(d for d in result.summary.diagnoses if d.code == "gradient_underflow")
     assert underflow.first_step == 1
+    # Its last layer computes in float16 (no layer is pinned): the loss sees float16 outputs.
+    output = next(d for d in result.summary.diagnoses if d.code == "half_precision_output")
+    assert "output is float16 under mixed_float16" in output.message and "dtype='float32'" in output.message
     assert "first/kernel (25.0% of its values)" in underflow.message
     assert "A larger scale recovers them" in underflow.message
     named = float(underflow.message.split("'fixed' with a scale of at least ")[1].split(".")[0])
@@ -277,3 +284,22 @@ def test_loss_is_the_data_loss_and_penalties_are_reported_beside_it(train: Train
 def test_a_model_without_penalties_reports_none(train: Train) -> None:
     _, reporter = train(spec_of(training={"steps": 1}, dataset={"samples": 64}))
     assert reporter.records[0].regularization_loss is None
+
+
+def test_a_failing_check_is_reported_and_training_goes_on(tmp_path: Path, settings: Settings) -> None:
+    spec = spec_of(precision_policy="mixed_float16", training={"steps": 3, "underflow_check_every": 1},
+                   dataset={"samples": 128})
+    reporter = ListReporter()
+    training = Training(spec, reporter, tmp_path, never, settings, detect_device())
+    assert training.check is not None
+
+    def no_twin() -> keras.Model:
+        raise RuntimeError("no twin today")
+
+    training.check.build_twin = no_twin
+    result = training.run()
+    assert result.status == "succeeded" and [r.step for r in reporter.records] == [1, 2, 3]
+    assert result.summary.float32_checks == 0
+    assert all(r.excess_zero_fraction is None for r in reporter.records)
+    assert result.summary.float32_check_error == (
+        "The float32 check failed at step 1 and was turned off: RuntimeError: no twin today")

@@ -24,6 +24,7 @@ function summaryList(summary) {
       ["Peak excess zeros vs float32", `${fmtPercent(summary.peak_excess_zero_fraction)} (${summary.float32_checks} checked steps)`],
       ["Peak gradient error vs float32", fmtNumber(summary.peak_grad_rel_error, 2)],
     ] : []),
+    ...(summary.float32_check_error ? [["Float32 check", summary.float32_check_error]] : []),
     ["Mean examples/s", fmtNumber(summary.mean_examples_per_sec)],
   ];
   const ps = summary.precision_speed;

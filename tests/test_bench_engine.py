@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bench import engine_overhead
 
@@ -40,3 +41,15 @@ def test_the_sides_train_the_same_weights(tmp_path: Path) -> None:
     assert [len(p) for p in pieces] == [20, 20] and [len(p) for p in bare.pieces] == [20, 20]
     for ours, theirs in zip(engine.training.model.get_weights(), bare.model.get_weights(), strict=True):
         np.testing.assert_array_equal(ours, theirs)
+
+
+def test_float32_check_cost_sets_the_check_beside_the_same_engine_without_it() -> None:
+    from bench import float32_check
+
+    rows = float32_check.run(quick=True, repeats=1)
+    assert [r.baseline for r in rows] == ["same engine, check off", "one training step", "one training step"]
+    for row in rows:
+        assert row.baseline_value is not None and row.baseline_value > 0 and row.value > 0
+        assert row.ratio is not None and row.ratio == pytest.approx(row.value / row.baseline_value, rel=0.5)
+    assert rows[0].goal == "ratio <= 1.05" and rows[0].met is (rows[0].ratio is not None and rows[0].ratio <= 1.05)
+    assert rows[2].value > rows[1].value  # the first check builds and traces

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -94,8 +95,8 @@ def test_zero_gradient_model_without_scaling_carries_gradient_underflow(stack: S
     assert unscaled["peak_zero_grad_fraction"] >= 0.99
     assert unscaled["peak_excess_zero_fraction"] >= 0.99  # float32 has almost none of those zeros
     assert "gradient_underflow" not in {d["code"] for d in variants["mixed_float16 + dynamic"]["diagnoses"]}
-    assert "mixed_float16 + none: without loss scaling gradients underflow (up to 99." in report["verdict"]
-    assert "% of gradient values zero that are not zero in float32)" in report["verdict"]
+    assert re.search(r"mixed_float16 \+ none: without loss scaling gradients underflow \(up to (99\.\d+|100)% of "
+                     r"gradient values zero that are not zero in float32\)", report["verdict"]), report["verdict"]
 
 
 def test_bad_comparisons_name_the_field_and_write_nothing(stack: Stack, client: httpx.Client) -> None:

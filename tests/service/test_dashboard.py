@@ -221,8 +221,16 @@ def test_a_job_from_the_form_charts_live_and_its_stream_survives_an_api_restart(
 
     row = f'[data-testid="job-row"][data-job-id="{job_id}"]'
     wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row), 10, "the job in the list")
-    browser.find_element(By.CSS_SELECTOR, f'{row} [data-testid="job-link"]').click()
-    wait_for(browser, lambda d: attr(d, "job-page", "data-job-id") == job_id, 10, "the job page")
+
+    page = f'[data-testid="job-page"][data-job-id="{job_id}"]'
+
+    def opened(driver: WebDriver) -> bool:
+        # The live list redraws its rows: a link found before a redraw is stale, so find it and click again.
+        if not driver.find_elements(By.CSS_SELECTOR, page):
+            driver.find_element(By.CSS_SELECTOR, f'{row} [data-testid="job-link"]').click()
+        return bool(driver.find_elements(By.CSS_SELECTOR, page))
+
+    wait_for(browser, opened, 10, "the job page")
 
     # The charts fill while the job runs: two reads, both inside the running state.
     wait_for(browser, lambda d: chart(d, "loss")["points"] > 0, 60, "the first plotted step")

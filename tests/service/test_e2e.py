@@ -12,7 +12,8 @@ from rq.job import Job as RQJob
 from tests.service.conftest import Stack
 
 FIELDS = {"step", "loss", "loss_scale", "grad_norm", "grads_finite", "skipped", "zero_grad_fraction",
-          "learning_rate", "examples_per_sec", "step_time_ms", "time"}
+          "regularization_loss", "excess_zero_fraction", "grad_rel_error", "learning_rate", "examples_per_sec",
+          "step_time_ms", "time"}
 
 
 def test_mixed_float16_job_end_to_end(stack: Stack, client: httpx.Client) -> None:
@@ -43,6 +44,10 @@ def test_mixed_float16_job_end_to_end(stack: Stack, client: httpx.Client) -> Non
         after = page["next_after"]
     assert [p["step"] for p in points] == list(range(1, steps + 1))
     assert all(set(p) == FIELDS for p in points)
+    # The float32 check ran on step 1 (and would on every 100th): its values are null on the other steps.
+    assert [p["step"] for p in points if p["excess_zero_fraction"] is not None] == [1]
+    assert points[0]["excess_zero_fraction"] == 0.0 and 0 < points[0]["grad_rel_error"] < 0.05  # float16 rounding
+    assert all(p["regularization_loss"] is None for p in points)  # the mlp has no penalties
     assert points[0]["loss_scale"] == 32768.0
 
     view = client.get(f"/jobs/{job['id']}/metrics", params={"max_points": 8}).json()

@@ -11,6 +11,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tests.stack import Stack, wait_until
 
 TAGS = {"loss", "loss_scale", "grad_norm", "zero_grad_fraction", "examples_per_sec", "skipped"}
+CHECKED = {"excess_zero_fraction", "grad_rel_error"}
+"""Written on the float32 check's steps only: step 1 here."""
 
 
 def test_finished_job_has_one_tensorboard_scalar_per_step(stack: Stack, client: httpx.Client) -> None:
@@ -22,7 +24,8 @@ def test_finished_job_has_one_tensorboard_scalar_per_step(stack: Stack, client: 
 
     events = EventAccumulator(str(stack.artifacts / job["id"] / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
-    assert set(events.Tags()["scalars"]) == TAGS
+    assert set(events.Tags()["scalars"]) == TAGS | CHECKED
+    assert [e.step for e in events.Scalars("excess_zero_fraction")] == [1]
     loss = events.Scalars("loss")
     assert [e.step for e in loss] == list(range(1, steps + 1))
     points = client.get(f"/jobs/{job['id']}/metrics").json()["points"]

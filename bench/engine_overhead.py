@@ -136,12 +136,17 @@ def pair(case: Case, checkpoint_every: int, repeat: int) -> tuple[list[list[floa
         engine = Engine(case.spec(checkpoint_every), Path(out))
         bare = Bare(case.spec(checkpoint_every))
         (x, y), = engine.training.segments()
-        rows = len(x) // PIECES
-        for piece in range(PIECES):
-            part = slice(piece * rows, len(x) if piece == PIECES - 1 else (piece + 1) * rows)
-            for side in (bare, engine) if (piece + repeat) % 2 == 0 else (engine, bare):
-                side.fit(x[part], y[part])
+        take_turns(bare, engine, x, y, repeat)
         return bare.pieces, engine.finish()
+
+
+def take_turns(a: Bare | Engine, b: Bare | Engine, x: np.ndarray, y: np.ndarray, repeat: int) -> None:
+    """`a` and `b` train the same `PIECES` pieces of (x, y) in turn, `a` first on even pieces of even repeats."""
+    rows = len(x) // PIECES
+    for piece in range(PIECES):
+        part = slice(piece * rows, len(x) if piece == PIECES - 1 else (piece + 1) * rows)
+        for side in (a, b) if (piece + repeat) % 2 == 0 else (b, a):
+            side.fit(x[part], y[part])
 
 
 def measure(case: Case, repeats: int) -> dict[str, float]:

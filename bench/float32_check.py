@@ -26,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 
 from app.schemas import UNDERFLOW_CHECK_EVERY, JobSpec  # noqa: E402
-from bench.engine_overhead import GOAL, PIECES, Engine, _per_step, _piece_ratios  # noqa: E402
+from bench.engine_overhead import GOAL, PIECES, Engine, _per_step, _piece_ratios, take_turns  # noqa: E402
 from bench.report import Row, cli  # noqa: E402
 
 MODEL = {"name": "mlp"}
@@ -62,11 +62,7 @@ def pair(steps: int, repeat: int) -> tuple[list[list[float]], list[list[float]]]
         with _session_kept():
             off = Engine(spec(steps, 0), Path(out) / "off")
         (x, y), = on.training.segments()
-        rows = len(x) // PIECES
-        for piece in range(PIECES):
-            part = slice(piece * rows, len(x) if piece == PIECES - 1 else (piece + 1) * rows)
-            for side in (off, on) if (piece + repeat) % 2 == 0 else (on, off):
-                side.fit(x[part], y[part])
+        take_turns(off, on, x, y, repeat)
         return off.finish(), on.finish()
 
 

@@ -157,12 +157,11 @@ class Training:
         )
         self.optimizer = optimizer = make_optimizer(spec)
         optimizer.penalties = list(built.penalties)
-        # The data loss is the BatchLoss metric on every backend. Stateful backends read the
-        # statistics the optimizer stored in the step through StepTelemetry; JAX metrics cannot
-        # see the optimizer's new state, so the callback reads the trainer's state instead.
-        metrics: list[keras.metrics.Metric] = [BatchLoss(built.loss)]
-        if keras.backend.backend() != "jax":
-            metrics.append(StepTelemetry(optimizer))
+        # Stateful backends read the data loss and the statistics the optimizer stored in the step
+        # through StepTelemetry; JAX metrics cannot see the optimizer's new state, so there the
+        # BatchLoss metric computes the data loss and the callback reads the trainer's state.
+        metrics: list[keras.metrics.Metric] = (
+            [BatchLoss(built.loss)] if keras.backend.backend() == "jax" else [StepTelemetry(optimizer, built.loss)])
         model.compile(optimizer=optimizer, loss=built.loss, metrics=metrics, auto_scale_loss=False)
         optimizer.build(model.trainable_variables)
 

@@ -470,11 +470,21 @@ class ComparisonSpec(_Strict):
         return variants
 
     def job_specs(self) -> list[JobSpec]:
-        """One job spec per variant, named after the comparison and the variant."""
+        """One job spec per variant, named "NAME · VARIANT": the comparison's name, else the model's.
+
+        The spec's own name is not used: it names one job, often after the policy it was written
+        for ("mlp mixed_float16"), and would name a float32 job after a policy it does not run.
+        A name too long for the 200 characters of a job's is cut; the variant's label never is.
+
+        >>> spec = ComparisonSpec.model_validate({"spec": {"name": "mlp mixed_float16", "model": {"name": "mlp"}}})
+        >>> [s.name for s in spec.job_specs()][:2]
+        ['mlp · float32', 'mlp · mixed_float16 + dynamic']
+        """
         base = self.spec.model_dump(mode="json")
         specs = []
         for variant in self.variants or ():
-            name = f"{self.name or self.spec.name or 'comparison'} · {variant.label}"[:200]
+            label = f" · {variant.label}"  # kept whole: a long name is cut instead
+            name = f"{(self.name or _model_tag(self.spec.model) or 'model')[:200 - len(label)]}{label}"
             specs.append(JobSpec.model_validate({
                 **base, "name": name, "precision_policy": variant.precision_policy.value,
                 "loss_scale": None if variant.loss_scale is None else variant.loss_scale.model_dump(mode="json"),

@@ -12,7 +12,7 @@ from typing import Any
 
 from app.cli.api import Api
 from app.cli.errors import CliError, Exit, exit_for
-from app.cli.spec import build_spec
+from app.cli.spec import build_spec, file_spec
 from app.cli.watch import POLL_INTERVAL_S, watch, watch_comparison
 from app.cli.words import comparison_report, spec_words, summary_lines, table
 from app.resources import JobState
@@ -20,6 +20,8 @@ from app.schemas import StepRecord
 
 PAGE_LIMIT = 10_000
 """Steps per metrics request: the API's own cap."""
+SCALED = 1
+"""Where the default variants' scaled mixed_float16 variant is: the one a fixed or dynamic loss scale sets."""
 
 
 def cmd_submit(api: Api, args: argparse.Namespace) -> int:
@@ -118,30 +120,75 @@ def comparison_exit(c: dict[str, Any]) -> int:
     return max((exit_for(v["state"]) for v in c["variants"]), default=Exit.OK)
 
 
-def compare_variants(args: argparse.Namespace) -> list[Any] | None:
-    """`--variant`s as given; else the server's default four, with `--loss-scale` settings (if any)
-    on the scaled mixed_float16 variant. `--policy` would be replaced by every variant's: refused."""
-    if getattr(args, "policy", None):
-        raise CliError(Exit.USAGE, "compare runs each variant's own policy: use --variant POLICY[:MODE] "
-                                   "instead of --policy.")
+def _loss_scale_flags(args: argparse.Namespace) -> str:
+    """The loss-scale flags given, as typed ("--loss-scale fixed --scale 1024"), or ""."""
+    given = (("--loss-scale", args.loss_scale), ("--scale", args.scale), ("--initial-scale", args.initial_scale),
+             ("--growth-steps", args.growth_steps))
+    return " ".join(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
+                    for flag, value in given if value is not None)
+
+
+def compare_variants(args: argparse.Namespace, spec: dict[str, Any]) -> list[Any] | None:
+    """`--variant`s as given; else the server's default four (None), with a fixed or dynamic loss scale
+    from the flags or SPEC.json on the scaled mixed_float16 variant (index SCALED).
+
+    Loss-scale flags with --variant are refused (no variant would run them); SPEC.json's settings that no
+    variant runs are named by `unused_settings`.
+    """
+    flags = _loss_scale_flags(args)
     if args.variant:
+        if flags:
+            raise CliError(Exit.USAGE, "with --variant, each variant sets its own loss scale "
+                                       "(mixed_float16:dynamic, mixed_float16:fixed=1024); the loss-scale flags "
+                                       f"only set the default variants' scaled one. Received: {flags}")
         return list(args.variant)
-    spec = build_spec(args)
     scaled = spec.get("loss_scale")
+    scaled = {"mode": scaled} if isinstance(scaled, str) else scaled
     if not isinstance(scaled, dict) or scaled.get("mode") not in ("fixed", "dynamic"):
         return None
-    return [{"precision_policy": "float32"}, {"precision_policy": "mixed_float16", "loss_scale": scaled},
-            {"precision_policy": "mixed_float16", "loss_scale": "none"}, {"precision_policy": "mixed_bfloat16"}]
+    variants: list[Any] = [{"precision_policy": "float32"}, {"precision_policy": "mixed_float16", "loss_scale": "none"},
+                           {"precision_policy": "mixed_bfloat16"}]
+    variants.insert(SCALED, {"precision_policy": "mixed_float16", "loss_scale": scaled})
+    return variants
+
+
+def unused_settings(args: argparse.Namespace, file: dict[str, Any], scaled_sent: bool,
+                    labels: list[str]) -> str | None:
+    """SPEC.json's precision_policy and loss_scale that no variant runs, in a line for stderr; None if none.
+
+    `scaled_sent`: the spec's loss scale went on the scaled variant, `labels[SCALED]`.
+    """
+    unused = []
+    if file.get("precision_policy") is not None:
+        unused.append(f"precision_policy {file['precision_policy']!r}")
+    scale = file.get("loss_scale")
+    if scale is not None and not scaled_sent:
+        shown = scale.get("mode") if isinstance(scale, dict) and set(scale) == {"mode"} else scale
+        unused.append(f"loss_scale {shown!r}" if isinstance(shown, str) else f"loss_scale {json.dumps(shown)}")
+    if not unused:
+        return None
+    source = "stdin" if args.spec == "-" else args.spec
+    overridden = bool(_loss_scale_flags(args))  # flags win over the file, as in submit
+    where = f"; its loss_scale goes on {labels[SCALED]}" if scale is not None and scaled_sent and not overridden else ""
+    return (f"warning: {source}'s {' and '.join(unused)} {'is' if len(unused) == 1 else 'are'} not used by compare: "
+            f"each variant sets its own ({', '.join(labels)}){where}.")
 
 
 def cmd_compare(api: Api, args: argparse.Namespace) -> int:
     if args.show:
         c = api.call("GET", f"/comparisons/{args.show}")
     else:
-        body: dict[str, Any] = {"name": args.name, "spec": build_spec(args), "variants": compare_variants(args)}
+        file = file_spec(args)
+        spec = build_spec(args, file)
+        variants = compare_variants(args, spec)
+        body: dict[str, Any] = {"name": args.name, "spec": spec, "variants": variants}
         if args.tolerance is not None:
             body["tolerance"] = args.tolerance
         c = api.call("POST", "/comparisons", json=body)
+        notice = unused_settings(args, file, variants is not None and not args.variant,
+                                 [v["label"] for v in c["variants"]])
+        if notice:
+            print(notice, file=sys.stderr)
         print(c["id"], flush=True)
     if args.watch and c["state"] != "done":
         c = watch_comparison(api, c["id"])

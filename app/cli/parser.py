@@ -32,6 +32,48 @@ def positive(text: str) -> int:
     return value
 
 
+class Refused(argparse.Action):
+    """An option a command does not take: out of its --help, and refused with `why` (exit 2) if given."""
+
+    def __init__(self, option_strings: list[str], dest: str, why: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+        self.why = why
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(self.why)
+
+
+def spec_options(compare: bool) -> argparse.ArgumentParser:
+    """The job-spec flags. compare's variants set the precision policy, so it has no --policy."""
+    spec = argparse.ArgumentParser(add_help=False)
+    g = spec.add_argument_group("job spec: SPEC.json and/or flags; flags override the file" + (
+        "; each variant sets its own policy and loss scale" if compare else ""))
+    g.add_argument("spec", nargs="?", metavar="SPEC.json", help="a job spec as JSON; - reads stdin" + (
+        "; a warning names its precision_policy and loss_scale if no variant runs them" if compare else ""))
+    g.add_argument("--model", choices=MODELS)
+    if compare:  # and mixed_float16 without scaling is one of its default variants already
+        g.add_argument("--policy", action=Refused, why="compare runs each variant's own policy: use --variant "
+                                                       "POLICY[:MODE] instead of --policy.")
+        g.add_argument("--loss-scale", choices=["fixed", "dynamic"],
+                       help="the scaled mixed_float16 variant's, without --variant")
+    else:
+        g.add_argument("--policy", choices=[p.value for p in PrecisionPolicy], help="precision policy")
+        g.add_argument("--loss-scale", choices=[m.value for m in LossScaleMode])
+    g.add_argument("--initial-scale", type=float, help="dynamic: the first scale")
+    g.add_argument("--growth-steps", type=int, help="dynamic: finite steps before the scale doubles")
+    g.add_argument("--scale", type=float, help="fixed: the scale")
+    g.add_argument("--steps", type=int)
+    g.add_argument("--batch-size", type=int)
+    g.add_argument("--learning-rate", type=float)
+    g.add_argument("--optimizer", choices=["adam", "adamw", "sgd", "rmsprop"])
+    g.add_argument("--seed", type=int)
+    g.add_argument("--samples", type=int, help="synthetic dataset size")
+    g.add_argument("--name", help="the comparison's name; its jobs are named NAME · VARIANT" if compare else None)
+    g.add_argument("--device", choices=["any", "cpu", "gpu"])
+    return spec
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mpjobs", description="Mixed-precision training jobs over the mpjobs API.",
                                      epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -45,23 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--url", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--api-key", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    spec = argparse.ArgumentParser(add_help=False)
-    g = spec.add_argument_group("job spec: SPEC.json and/or flags; flags override the file")
-    g.add_argument("spec", nargs="?", metavar="SPEC.json", help="a job spec as JSON; - reads stdin")
-    g.add_argument("--model", choices=MODELS)
-    g.add_argument("--policy", choices=[p.value for p in PrecisionPolicy], help="precision policy")
-    g.add_argument("--loss-scale", choices=[m.value for m in LossScaleMode])
-    g.add_argument("--initial-scale", type=float, help="dynamic: the first scale")
-    g.add_argument("--growth-steps", type=int, help="dynamic: finite steps before the scale doubles")
-    g.add_argument("--scale", type=float, help="fixed: the scale")
-    g.add_argument("--steps", type=int)
-    g.add_argument("--batch-size", type=int)
-    g.add_argument("--learning-rate", type=float)
-    g.add_argument("--optimizer", choices=["adam", "adamw", "sgd", "rmsprop"])
-    g.add_argument("--seed", type=int)
-    g.add_argument("--samples", type=int, help="synthetic dataset size")
-    g.add_argument("--name")
-    g.add_argument("--device", choices=["any", "cpu", "gpu"])
+    spec, compared = spec_options(compare=False), spec_options(compare=True)
     interval = argparse.ArgumentParser(add_help=False)
     interval.add_argument("--interval", type=float, default=5.0, help="seconds between progress lines when stderr "
                           "is not a terminal; 0: every step (default: %(default)s)")
@@ -93,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("cancel", cmd_cancel, "cancel a queued or running job", ())
     p.add_argument("job_id", metavar="ID")
     p.add_argument("--wait", action="store_true", help="wait until it has ended; exit code follows its end state")
-    p = command("compare", cmd_compare, "run one spec under several precision variants and compare them", (spec,))
+    p = command("compare", cmd_compare, "run one spec under several precision variants and compare them",
+                (compared,))
     p.add_argument("--variant", action="append", type=variant, metavar="POLICY[:MODE]",
                    help="repeatable, e.g. float32 mixed_float16:dynamic mixed_float16:fixed=1024; default: "
                         "float32, mixed_float16:dynamic, mixed_float16:none, mixed_bfloat16")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
@@ -32,9 +33,14 @@ def _merge(spec: dict[str, Any], key: str, values: dict[str, Any]) -> None:
         spec[key] = {**current, **values} if isinstance(current, dict) else values
 
 
-def build_spec(args: argparse.Namespace) -> dict[str, Any]:
-    """SPEC.json (if given) with the flags on top; flags win."""
-    spec = read_spec(args.spec) if args.spec else {}
+def file_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """SPEC.json as given (stdin for -), or {} without one."""
+    return read_spec(args.spec) if args.spec else {}
+
+
+def build_spec(args: argparse.Namespace, file: dict[str, Any] | None = None) -> dict[str, Any]:
+    """SPEC.json (if given; `file` when already read) with the flags on top; flags win."""
+    spec = copy.deepcopy(file) if file is not None else file_spec(args)
     if args.model and not (isinstance(spec.get("model"), dict) and spec["model"].get("name") == args.model):
         spec["model"] = {"name": args.model}
     if "model" not in spec:
@@ -58,7 +64,8 @@ def build_spec(args: argparse.Namespace) -> dict[str, Any]:
     _merge(spec, "training", {"steps": args.steps, "batch_size": args.batch_size, "learning_rate":
                               args.learning_rate, "seed": args.seed, "optimizer": args.optimizer})
     _merge(spec, "dataset", {"samples": args.samples})
-    for key, value in (("precision_policy", args.policy), ("name", args.name), ("device", args.device)):
+    policy = getattr(args, "policy", None)  # compare takes none: its variants bring theirs
+    for key, value in (("precision_policy", policy), ("name", args.name), ("device", args.device)):
         if value is not None:
             spec[key] = value
     return spec

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from typing import Any
 
+from app.cli.formats import number, percent, rate, ratio
 from app.comparisons import FASTER as SAME_SPEED
 from app.resources import JobState
 
 
 def num(value: Any) -> str:
-    """4 significant digits; null (a non-finite value in the API) says so."""
-    return "non-finite" if value is None else f"{value:.4g}"
+    """4 significant digits, as the dashboard shows them; null (a non-finite value in the API) says so."""
+    return "non-finite" if value is None else number(value)
 
 
 def scale_num(value: Any) -> str:
@@ -67,12 +68,12 @@ def summary_lines(job: dict[str, Any]) -> list[str]:
         f"  skipped steps    {s['skipped_steps']}",
         f"  loss scale       min {scale_num(s['loss_scale_min'])}, max {scale_num(s['loss_scale_max'])}, "
         f"final {scale_num(s['loss_scale_final'])}",
-        f"  peak zero grads  {'n/a' if peak is None else f'{peak:.1%}'} of gradient elements exactly zero",
+        f"  peak zero grads  {_or_dash(peak, percent, 'n/a')} of gradient elements exactly zero",
         *([f"  vs float32       on {s['float32_checks']} checked steps, at most "
-           f"{_floor_percent(s['peak_excess_zero_fraction'])} of values zero only here, gradient error "
-           f"{_or_dash(s.get('peak_grad_rel_error'), '.2g')}"] if s.get("float32_checks") else []),
+           f"{_or_dash(s['peak_excess_zero_fraction'], percent)} of values zero only here, gradient error "
+           f"{_or_dash(s.get('peak_grad_rel_error'), lambda e: number(e, 2))}"] if s.get("float32_checks") else []),
         *([f"  float32 check    {s['float32_check_error']}"] if s.get("float32_check_error") else []),
-        f"  throughput       {'n/a' if speed is None else f'{speed:,.0f}'} examples/s",
+        f"  throughput       {_or_dash(speed, rate, 'n/a')} examples/s",
     ]
     if s.get("precision_speed"):
         lines.append(f"  precision speed  {precision_speed_words(s['precision_speed'])}")
@@ -90,26 +91,20 @@ def table(header: list[str], rows: list[list[str]]) -> str:
                      for r in [header, *rows])
 
 
-def _floor_percent(share: float) -> str:
-    """A share as a percentage with one decimal, never rounded up (99.96% is not 100%)."""
-    return f"{math.floor(share * 1000) / 10:.1f}%"
-
-
-def _or_dash(value: Any, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
+def _or_dash(value: Any, show: Callable[[float], str], dash: str = "-") -> str:
+    return dash if value is None else show(value)
 
 
 def comparison_report(c: dict[str, Any]) -> str:
     rows = []
     for v in c["variants"]:
-        gap = v.get("loss_gap")
         rows.append([
             v["label"] + (" (baseline)" if v.get("baseline") else ""), v["state"],
-            f"{v['progress']['step']}/{v['progress']['total_steps']}", _or_dash(v.get("final_loss"), ".4g"),
-            "0.0%" if gap is not None and abs(gap) < 0.0005 else _or_dash(gap, "+.1%"),
-            _or_dash(v.get("examples_per_sec"), ",.0f"), _or_dash(v.get("speedup"), ".2f"),
-            _or_dash(v.get("skipped_steps"), "d"), _or_dash(v.get("peak_zero_grad_fraction"), ".1%"),
-            "-" if v.get("peak_excess_zero_fraction") is None else _floor_percent(v["peak_excess_zero_fraction"]),
+            f"{v['progress']['step']}/{v['progress']['total_steps']}", _or_dash(v.get("final_loss"), number),
+            _or_dash(v.get("loss_gap"), lambda gap: percent(gap, sign=True)),
+            _or_dash(v.get("examples_per_sec"), rate), _or_dash(v.get("speedup"), ratio),
+            _or_dash(v.get("skipped_steps"), str), _or_dash(v.get("peak_zero_grad_fraction"), percent),
+            _or_dash(v.get("peak_excess_zero_fraction"), percent),
             ",".join(d["code"] for d in v.get("diagnoses") or []) or "-", v["job_id"]])
     header = ["VARIANT", "STATE", "STEP", "FINAL LOSS", "VS FLOAT32", "EXAMPLES/S", "SPEEDUP", "SKIPPED",
               "ZERO GRADS", "EXCESS ZEROS", "DIAGNOSES", "JOB"]

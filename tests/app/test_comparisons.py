@@ -114,3 +114,20 @@ def test_running_comparison_reports_progress() -> None:
     result = report([job(0, 1.0, 1000), job(1, None, 0, state=JobState.RUNNING), job(2, 1.0, 1), job(3, 1.0, 1)])
     assert result.state == "running"
     assert result.verdict == "3 of 4 variants finished; the verdict comes when all have."
+
+
+def test_the_cli_table_shows_the_gaps_the_verdict_words() -> None:
+    from app.cli import comparison_report
+
+    result = report([job(0, 1.0, 1000), job(1, 1.00053, 2000, start=2), job(2, 1.0 - 3.9e-9, 1300, start=4),
+                     job(3, 1.0, 2000, start=6)])
+    assert "mixed_float16 + dynamic matches float32 within 0.053% at 2× speed" in result.verdict
+    rows = [line.split("  ") for line in comparison_report(result.model_dump(mode="json")).splitlines()[2:6]]
+    cells = [[cell.strip() for cell in row if cell.strip()] for row in rows]
+    # VARIANT, STATE, STEP, FINAL LOSS, VS FLOAT32, EXAMPLES/S, SPEEDUP, SKIPPED, ZERO GRADS, EXCESS ZEROS, ...
+    assert [c[3:10] for c in cells] == [
+        ["1", "0%", "1,000", "1.00×", "0", "1%", "1%"],
+        ["1.001", "+0.053%", "2,000", "2.00×", "0", "1%", "1%"],
+        ["1", "-0.00000039%", "1,300", "1.30×", "0", "1%", "1%"],
+        ["1", "0%", "2,000", "2.00×", "0", "1%", "1%"],
+    ]

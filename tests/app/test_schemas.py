@@ -173,3 +173,22 @@ def test_every_accepted_loss_name_is_the_keras_loss_it_stands_for() -> None:
             continue
         if getattr(resolved, "fn", resolved) in functions.values():
             assert key in KERAS_LOSSES or key in LOSS_ALIASES, key
+
+
+def test_comparison_jobs_are_named_after_the_comparison_or_the_model_never_after_the_specs_policy() -> None:
+    from app.schemas import ComparisonSpec
+
+    spec = {"name": "mlp mixed_float16", "model": MLP, "precision_policy": "mixed_float16", "loss_scale": "none"}
+    jobs = ComparisonSpec.model_validate({"spec": spec}).job_specs()
+    assert [j.name for j in jobs] == ["mlp · float32", "mlp · mixed_float16 + dynamic", "mlp · mixed_float16 + none",
+                                      "mlp · mixed_bfloat16"]
+    assert [j.precision_policy.value for j in jobs] == ["float32", "mixed_float16", "mixed_float16", "mixed_bfloat16"]
+    named = ComparisonSpec.model_validate({"name": "widths", "spec": spec, "variants": [
+        {"precision_policy": "float32"}, {"precision_policy": "bfloat16"}]})
+    assert [j.name for j in named.job_specs()] == ["widths · float32", "widths · bfloat16"]
+    # A name as long as a job's may be is cut; the variant's label is kept whole.
+    fixed = {"precision_policy": "mixed_float16", "loss_scale": {"mode": "fixed", "scale": 1024}}
+    long = ComparisonSpec.model_validate({"name": "x" * 200, "spec": spec,
+                                          "variants": [{"precision_policy": "float32"}, fixed]})
+    assert [j.name for j in long.job_specs()] == ["x" * 190 + " · float32",
+                                                  "x" * 171 + " · mixed_float16 + fixed 1024"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import pty
@@ -17,8 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
-from app.cli import Exit, comparison_report, summary_lines
-from app.schemas import StepRecord
+from app.cli import Api, CliError, Exit, build_parser, comparison_report, main, summary_lines
+from app.cli.commands import cmd_compare
+from app.cli.formats import number
+from app.schemas import ComparisonSpec, StepRecord
 from tests.stack import ROOT, Stack, free_port, wait_until
 
 STEPS = 30
@@ -71,7 +74,7 @@ def test_submit_watch_runs_the_job_to_the_end_and_ends_with_its_summary(
     summary = summary_lines(job)
     assert done.stdout.splitlines()[-len(summary):] == summary
     assert summary[0] == f"job {job_id} succeeded after {STEPS} of {STEPS} steps"
-    assert f"final loss       {job['summary']['final_loss']:.4g}" in done.stdout
+    assert f"final loss       {number(job['summary']['final_loss'])}" in done.stdout
     # Not a terminal: one plain line per step (--interval 0), each step once and in order.
     steps = step_lines(done.stderr)
     assert steps == list(range(steps[0], STEPS + 1)) and steps[0] <= 2, done.stderr
@@ -227,16 +230,121 @@ def test_compare_without_a_float32_variant_is_refused_by_the_api(stack: Stack) -
 def test_compare_keeps_the_loss_scale_flags_and_refuses_policy(stack: Stack, client: httpx.Client) -> None:
     before = stack.writes()
     refused = mpjobs(stack, "compare", "--model", "mlp", "--policy", "float16")
-    assert refused.returncode == Exit.USAGE and "--variant" in refused.stderr
+    assert refused.returncode == Exit.USAGE
+    assert refused.stderr.splitlines()[-1] == ("mpjobs compare: error: compare runs each variant's own policy: "
+                                               "use --variant POLICY[:MODE] instead of --policy.")
     assert stack.writes() == before
     done = mpjobs(stack, "compare", "--model", "mlp", "--steps", "3", "--loss-scale", "dynamic",
                   "--initial-scale", "1024", "--growth-steps", "10")
     assert done.returncode == Exit.OK, done.stderr
+    assert done.stderr == "", "nothing from a file to leave out"
     comparison = client.get(f"/comparisons/{done.stdout.split()[0]}").json()
     scaled = {v["label"]: v for v in comparison["variants"]}["mixed_float16 + dynamic"]
     assert scaled["loss_scale"] == {"mode": "dynamic", "initial_scale": 1024.0, "growth_steps": 10}
     assert len(comparison["variants"]) == 4
     client.delete(f"/comparisons/{comparison['id']}")
+
+
+def test_compare_warns_of_the_spec_files_policy_and_names_jobs_after_what_they_run(
+    stack: Stack, client: httpx.Client
+) -> None:
+    # The example is a mixed_float16 job named after its policy, with a dynamic loss scale of its own.
+    done = mpjobs(stack, "compare", "examples/mlp_mixed_float16.json", "--steps", "3", "--samples", "512")
+    assert done.returncode == Exit.OK, done.stderr
+    assert done.stderr == (
+        "warning: examples/mlp_mixed_float16.json's precision_policy 'mixed_float16' is not used by compare: each "
+        "variant sets its own (float32, mixed_float16 + dynamic, mixed_float16 + none, mixed_bfloat16); its "
+        "loss_scale goes on mixed_float16 + dynamic.\n")
+    comparison = client.get(f"/comparisons/{done.stdout.split()[0]}").json()
+    scaled = {v["label"]: v for v in comparison["variants"]}["mixed_float16 + dynamic"]
+    assert scaled["loss_scale"] == {"mode": "dynamic", "initial_scale": 32768.0, "growth_steps": 2000}
+    jobs = [client.get(f"/jobs/{v['job_id']}").json() for v in comparison["variants"]]
+    assert [(j["name"], j["spec"]["precision_policy"]) for j in jobs] == [
+        ("mlp · float32", "float32"), ("mlp · mixed_float16 + dynamic", "mixed_float16"),
+        ("mlp · mixed_float16 + none", "mixed_float16"), ("mlp · mixed_bfloat16", "mixed_bfloat16")]
+    client.delete(f"/comparisons/{comparison['id']}")
+
+
+def test_compare_help_lists_only_the_options_compare_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as helped:
+        main(["compare", "--help"])
+    assert helped.value.code == Exit.OK
+    text = capsys.readouterr().out
+    assert "--policy" not in text and "--loss-scale {fixed,dynamic}" in text and "--variant POLICY[:MODE]" in text
+    for given in (["--policy", "float16"], ["--policy=float32"], ["--policy"]):
+        with pytest.raises(SystemExit) as refused:
+            main(["compare", "--model", "mlp", *given])
+        assert refused.value.code == Exit.USAGE, given
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            "mpjobs compare: error: compare runs each variant's own policy: use --variant POLICY[:MODE] instead "
+            "of --policy.")
+    with pytest.raises(SystemExit) as unscaled:  # mixed_float16 without scaling is a default variant already
+        main(["compare", "--model", "mlp", "--loss-scale", "none"])
+    assert unscaled.value.code == Exit.USAGE
+    assert "argument --loss-scale: invalid choice: 'none'" in capsys.readouterr().err
+
+
+def fake_api(posted: list[dict[str, Any]]) -> Api:
+    """An API that validates the comparison as the server does and answers it queued, in-process."""
+    def answer(request: httpx.Request) -> httpx.Response:
+        posted.append(json.loads(request.content))
+        spec = ComparisonSpec.model_validate(posted[-1])
+        variants = [{"label": v.label, "loss_scale": v.loss_scale and v.loss_scale.model_dump(mode="json"),
+                     "state": "queued", "progress": {"step": 0, "total_steps": 3}, "job_id": f"job{i}"}
+                    for i, v in enumerate(spec.variants or [])]
+        return httpx.Response(201, json={"id": "c1", "name": spec.name, "state": "running", "variants": variants,
+                                         "verdict": "0 of 4 variants finished."})
+
+    return Api("http://mpjobs.test", transport=httpx.MockTransport(answer))
+
+
+@pytest.mark.parametrize(("spec", "variants", "warning"), [
+    ({"precision_policy": "mixed_float16", "loss_scale": "none"}, [],
+     "SPEC.json's precision_policy 'mixed_float16' and loss_scale 'none' are not used by compare: each variant sets "
+     "its own (float32, mixed_float16 + dynamic, mixed_float16 + none, mixed_bfloat16)."),
+    ({"precision_policy": "float32", "loss_scale": {"mode": "fixed", "scale": 256}}, [],
+     "SPEC.json's precision_policy 'float32' is not used by compare: each variant sets its own (float32, "
+     "mixed_float16 + fixed 256, mixed_float16 + none, mixed_bfloat16); its loss_scale goes on mixed_float16 + "
+     "fixed 256."),
+    ({"loss_scale": {"mode": "dynamic", "initial_scale": 1024}}, ["float32", "mixed_bfloat16"],
+     "SPEC.json's loss_scale {\"mode\": \"dynamic\", \"initial_scale\": 1024} is not used by compare: each variant "
+     "sets its own (float32, mixed_bfloat16)."),
+    ({"loss_scale": "dynamic"}, [], None),
+    ({"loss_scale": None}, ["float32", "bfloat16"], None),
+])
+def test_compare_warns_of_what_spec_json_sets_that_no_variant_runs(
+    spec: dict[str, Any], variants: list[str], warning: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("SPEC.json").write_text(json.dumps({"name": "mlp mixed_float16", "model": {"name": "mlp"}, **spec}))
+    posted: list[dict[str, Any]] = []
+    argv = ["compare", "SPEC.json", *(f"--variant={v}" for v in variants)]
+    assert cmd_compare(fake_api(posted), build_parser().parse_args(argv)) == Exit.OK
+    out, err = capsys.readouterr()
+    assert err == ("" if warning is None else f"warning: {warning}\n")
+    assert out.splitlines()[0] == "c1" and len(posted) == 1
+
+
+def test_compare_refuses_loss_scale_flags_that_no_variant_would_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    posted: list[dict[str, Any]] = []
+    args = build_parser().parse_args(["compare", "--model", "mlp", "--variant", "float32", "--variant",
+                                      "mixed_float16:dynamic", "--initial-scale", "1024"])
+    with pytest.raises(CliError) as refused:
+        cmd_compare(fake_api(posted), args)
+    assert refused.value.code == Exit.USAGE and posted == []
+    assert refused.value.message == (
+        "with --variant, each variant sets its own loss scale (mixed_float16:dynamic, mixed_float16:fixed=1024); "
+        "the loss-scale flags only set the default variants' scaled one. Received: --initial-scale 1024")
+    # From stdin the file has no name of its own.
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps({"model": {"name": "mlp"}, "precision_policy": "float16"})))
+    assert cmd_compare(fake_api(posted), build_parser().parse_args(["compare", "-", "--loss-scale", "fixed"])) == 0
+    assert capsys.readouterr().err == (
+        "warning: stdin's precision_policy 'float16' is not used by compare: each variant sets its own (float32, "
+        "mixed_float16 + fixed 1024, mixed_float16 + none, mixed_bfloat16).\n")
+    assert posted[-1]["variants"][1] == {"precision_policy": "mixed_float16", "loss_scale": {"mode": "fixed"}}
 
 
 def test_not_found_unreachable_and_usage_exit_codes(stack: Stack) -> None:

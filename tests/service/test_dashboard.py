@@ -11,19 +11,17 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 import pytest
-from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.wait import WebDriverWait
 
+from app.cli.formats import number, percent, rate, ratio
+from tests.browser import headless_chromium
 from tests.stack import ROOT, Stack, private_stack
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 KEY = "dashboard-key"
 STATIC = ROOT / "app" / "static"
 ARTIFACTS = ROOT / "test-artifacts"
@@ -46,19 +44,8 @@ def api(keyed_stack: Stack) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[WebDriver]:
-    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        pytest.fail("Chromium is not installed; `make chromium` installs Debian's chromium and chromium-driver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    # An explicit driver path: Selenium Manager never runs, so nothing is downloaded.
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
+    with headless_chromium("--window-size=1400,1000", browser_logs=True) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def wait_for(driver: WebDriver, check: Callable[[WebDriver], T | None | Literal[False]], timeout: float,
@@ -139,6 +126,11 @@ def submit_job(driver: WebDriver, values: dict[str, object]) -> str:
 def chart(driver: WebDriver, key: str) -> dict[str, int]:
     element = by_testid(driver, f"chart-{key}")
     return {name: int(element.get_attribute(f"data-{name}") or 0) for name in ("points", "skipped")}
+
+
+def or_dash(value: Any, show: Callable[[Any], str]) -> str:
+    """A value as the dashboard shows it: "–" when the API has none."""
+    return "–" if value is None else show(value)
 
 
 def page_errors(driver: WebDriver) -> list[str]:
@@ -351,6 +343,13 @@ def test_compare_precisions_shows_the_verdict_table_and_overlaid_losses(
     rows = browser.find_elements(By.CSS_SELECTOR, '[data-testid="variant-row"]')
     assert [r.find_element(By.CSS_SELECTOR, "th a").text for r in rows] == labels
     assert [r.get_attribute("data-job-id") for r in rows] == [v["job_id"] for v in comparison["variants"]]
+    # Every number in the table reads as the CLI's table (app/cli/formats.py) writes it.
+    cells = browser.execute_script("""return [...document.querySelectorAll('[data-testid="variant-row"]')]
+        .map((row) => [...row.querySelectorAll("td.num")].map((td) => td.innerText));""")
+    assert cells == [[or_dash(v["final_loss"], number), or_dash(v["loss_gap"], lambda gap: percent(gap, sign=True)),
+                      or_dash(v["examples_per_sec"], rate), or_dash(v["speedup"], ratio),
+                      or_dash(v["skipped_steps"], str), or_dash(v["peak_zero_grad_fraction"], percent),
+                      or_dash(v["peak_excess_zero_fraction"], percent)] for v in comparison["variants"]]
     screenshot(browser, "dashboard-comparison.png")
 
     browser.get(f"{keyed_stack.base_url}/#/comparisons")

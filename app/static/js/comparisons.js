@@ -2,7 +2,9 @@
 
 import { api } from "./api.js";
 import { OverlayChart } from "./charts.js";
-import { TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtTime, h, poll, progressBar, stateBadge } from "./dom.js";
+import {
+  TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtRate, fmtRatio, fmtTime, h, poll, progressBar, stateBadge,
+} from "./dom.js";
 
 const POLL_MS = 2000;
 const CURVE_POINTS = 1000;
@@ -36,11 +38,6 @@ export function comparisonsView(root) {
   }, POLL_MS);
 }
 
-function signed(value) {
-  if (value === null || value === undefined) return "–";
-  return `${value > 0 ? "+" : ""}${fmtPercent(value, 2)}`;
-}
-
 function variantRow(v) {
   const diagnoses = v.diagnoses ?? [];
   return h("tr", { "data-testid": "variant-row", "data-job-id": v.job_id, "data-state": v.state },
@@ -49,9 +46,9 @@ function variantRow(v) {
     h("td", {}, stateBadge(v.state), h("div", {}, progressBar(v.progress)),
       v.device ? h("div", { class: "muted small" }, v.device) : null),
     h("td", { class: "num" }, fmtNumber(v.final_loss)),
-    h("td", { class: "num" }, v.baseline ? "–" : signed(v.loss_gap)),
-    h("td", { class: "num" }, fmtNumber(v.examples_per_sec)),
-    h("td", { class: "num" }, v.speedup === null || v.speedup === undefined ? "–" : `${v.speedup.toFixed(2)}×`),
+    h("td", { class: "num" }, fmtPercent(v.loss_gap, true)),
+    h("td", { class: "num" }, fmtRate(v.examples_per_sec)),
+    h("td", { class: "num" }, fmtRatio(v.speedup)),
     h("td", { class: "num" }, v.skipped_steps ?? "–"),
     h("td", { class: "num" }, fmtPercent(v.peak_zero_grad_fraction)),
     h("td", { class: "num" }, fmtPercent(v.peak_excess_zero_fraction)),

@@ -27,17 +27,65 @@ export function errorBanner(error) {
   return h("p", { class: "banner error", role: "alert" }, error.message || String(error));
 }
 
+// Numbers as the CLI shows them too: each fmt* below has a twin in app/cli/formats.py, and
+// tests/app/test_formatting.py checks that both give the same text for the same values.
+// toExponential and toFixed round the exact binary value, ties away from zero; so does the CLI.
+
+// `x` to `digits` significant digits, never in scientific notation, no trailing zeros.
+function significant(x, digits) {
+  const [mantissa, exponent] = x.toExponential(digits - 1).split("e");
+  const figures = mantissa.replace("-", "").replace(".", "");
+  const e = Number(exponent);
+  let text;
+  if (e < 0) text = `0.${"0".repeat(-e - 1)}${figures}`;
+  else if (figures.length <= e + 1) text = figures + "0".repeat(e + 1 - figures.length);
+  else text = `${figures.slice(0, e + 1)}.${figures.slice(e + 1)}`;
+  if (text.includes(".")) text = text.replace(/\.?0+$/, "");
+  return (x < 0 ? "-" : "") + text;
+}
+
+function whole(x) {
+  return Math.abs(x) < 1e21 ? x.toFixed(0) : BigInt(x).toString(); // toFixed turns scientific from 1e21
+}
+
+// `digits` significant digits; scientific below 0.001 and from a million up; whole numbers whole.
 export function fmtNumber(value, digits = 4) {
   if (value === null || value === undefined) return "–";
   if (value === 0) return "0";
   const abs = Math.abs(value);
   if (Number.isInteger(value) && abs < 1e12) return String(value); // loss scales are exact powers of two
-  if (abs >= 1e6 || abs < 1e-3) return value.toExponential(digits - 1);
-  return String(Number(value.toPrecision(digits)));
+  if (abs >= 1e6 || abs < 1e-3) {
+    const [mantissa, exponent] = value.toExponential(digits - 1).split("e");
+    return `${String(Number(mantissa))}e${exponent}`;
+  }
+  return significant(value, digits);
 }
 
-export function fmtPercent(value, digits = 1) {
-  return value === null || value === undefined ? "–" : `${(value * 100).toFixed(digits)}%`;
+// A share (0.00053) as a percentage: two significant digits under 10%, whole from 10% up.
+// Only an exact 0 reads "0%", and only 100% or more reads "100%" (99.7% reads "99%").
+// With `sign`, a positive value gets a "+", as loss gaps do; a negative one always has its "-".
+export function fmtPercent(share, sign = false) {
+  if (share === null || share === undefined) return "–";
+  const value = share * 100;
+  if (value === 0) return "0%";
+  const size = Math.abs(value);
+  let text = size < 10 ? significant(size, 2) : whole(size);
+  if (text === "100" && size < 100) text = "99";
+  return `${value < 0 ? "-" : sign ? "+" : ""}${text}%`;
+}
+
+// A rate (examples/s): whole, with thousands separators, from 100 up; three significant digits below.
+export function fmtRate(value) {
+  if (value === null || value === undefined) return "–";
+  if (Math.abs(value) >= 100) return whole(value).replace(/\B(?=(\d{3})+(?!\d))/g, ",");
+  return value === 0 ? "0" : significant(value, 3);
+}
+
+// A speedup against float32: two decimals, or two significant digits under 0.1 (never "0.00×").
+export function fmtRatio(value) {
+  if (value === null || value === undefined) return "–";
+  const fixed = value.toFixed(2);
+  return `${Math.abs(Number(fixed)) >= 0.1 || value === 0 ? fixed : significant(value, 2)}×`;
 }
 
 export function fmtTime(iso) {

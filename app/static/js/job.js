@@ -3,7 +3,7 @@
 import { api, followMetrics } from "./api.js";
 import { JobCharts } from "./charts.js";
 import {
-  TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtTime, h, lossScaleText, poll, progressBar, stateBadge,
+  TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtRate, fmtTime, h, lossScaleText, poll, progressBar, stateBadge,
 } from "./dom.js";
 
 const POLL_MS = 2000;
@@ -25,7 +25,7 @@ function summaryList(summary) {
       ["Peak gradient error vs float32", fmtNumber(summary.peak_grad_rel_error, 2)],
     ] : []),
     ...(summary.float32_check_error ? [["Float32 check", summary.float32_check_error]] : []),
-    ["Mean examples/s", fmtNumber(summary.mean_examples_per_sec)],
+    ["Mean examples/s", fmtRate(summary.mean_examples_per_sec)],
   ];
   const ps = summary.precision_speed;
   if (ps) rows.push(["Speed against float32 (this CPU)", precisionSpeedText(ps)]);

@@ -141,7 +141,7 @@ def _flagged(c: _Comparison) -> bool:
         for share, count in zip(c.per_tensor, c.counts, strict=True))
 
 
-def _pct(share: float) -> str:
+def floor_percent(share: float) -> str:
     """A share as a percentage, never rounded up to 100% (nor down to 0% when not zero)."""
     if 0 < share < 0.0001:
         return "<0.01%"
@@ -261,10 +261,11 @@ class Float32Check(keras.callbacks.Callback):
         peak = max((float(np.abs(r).max()) for r in reference if r.size), default=0.0)
         cap = min(MAX_TRIED_SCALE, _power_of_two(LARGEST[dtype] / peak, up=False) if peak > 0 else MAX_TRIED_SCALE)
         estimate = _power_of_two(SMALLEST[dtype] / float(lost.min()), up=True)
-        what = f"{_pct(c.excess)} of gradient values were lost at loss scale {_scale(scale)} (the smallest lost " + (
-            f"float32 magnitude, {lost.min():.2g}, would need {_scale(estimate)} to clear {dtype}'s smallest "
+        lost_share = floor_percent(c.excess)
+        what = f"{lost_share} of gradient values were lost at loss scale {_scale(scale)} (the smallest " + (
+            f"lost float32 magnitude, {lost.min():.2g}, would need {_scale(estimate)} to clear {dtype}'s smallest "
             f"value, {SMALLEST[dtype]:.2g})" if estimate > scale else
-            f"float32 magnitude, {lost.min():.2g}, is far above {dtype}'s smallest value, {SMALLEST[dtype]:.2g})")
+            f"lost float32 magnitude, {lost.min():.2g}, is far above {dtype}'s smallest value, {SMALLEST[dtype]:.2g})")
         keep_float32 = ("Keep the layers with the smallest gradients in float32"
                         + (", or use mixed_bfloat16, whose range is float32's." if dtype == "float16" else "."))
         after, tried = c, scale
@@ -277,12 +278,12 @@ class Float32Check(keras.callbacks.Callback):
                         f"lost, and at {_scale(tried)} the same step's gradients overflow {dtype}. {keep_float32}")
             if not _flagged(after):
                 return (f"A larger scale recovers them: on step {step}, {what}; at {_scale(tried)}, the smallest "
-                        f"scale that recovered them, the same step lost only {_pct(after.excess)}. "
+                        f"scale that recovered them, the same step lost only {floor_percent(after.excess)}. "
                         + self._how(tried))
         return (
             f"A larger loss scale does not help: on step {step}, {what}, and at {_scale(tried)} (the largest at "
-            f"which its gradients fit in {dtype}) it still lost {_pct(after.excess)}. These values are lost to "
-            f"{dtype}'s precision in the forward pass (activations that round to zero or tip a ReLU), not to "
+            f"which its gradients fit in {dtype}) it still lost {floor_percent(after.excess)}. These values are "
+            f"lost to {dtype}'s precision in the forward pass (activations that round to zero or tip a ReLU), not to "
             "gradient underflow. Run the most affected layer in float32 if they matter."
         )
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.schemas import Diagnosis, LossScaleMode, PrecisionSpeed, StepRecord, Summary
-from worker.float32_check import CheckResult
+from worker.float32_check import CheckResult, floor_percent
 
 FINAL_LOSS_WINDOW = 10
 """`final_loss` averages this many last steps, so one batch cannot decide it."""
@@ -136,7 +136,7 @@ class SummaryBuilder:
                 message=(
                     f"On {self.underflow_checks} of {self.float32_checks} checked steps, gradient values that "
                     f"are not zero in float32 came out exactly zero under {c.policy} (at most "
-                    f"{_floor_percent(self.peak_excess or 0.0)} of all values, first at step "
+                    f"{floor_percent(self.peak_excess or 0.0)} of all values, first at step "
                     f"{self.first_underflow}), so those weights did not learn on those steps.{worst} "
                     + (self.underflow_advice or "")
                 ).strip(),
@@ -202,8 +202,3 @@ class SummaryBuilder:
             precision_speed=self.precision_speed,
             diagnoses=self.diagnoses(),
         )
-
-
-def _floor_percent(share: float) -> str:
-    """A share as a percentage, never rounded up (99.96% must not read as 100%)."""
-    return f"{math.floor(share * 1000) / 10:g}%"

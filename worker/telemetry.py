@@ -100,7 +100,7 @@ class BatchLoss(keras.metrics.Metric):
 
 
 @keras.saving.register_keras_serializable(package="mpjobs")
-class StepTelemetry(keras.metrics.Metric):
+class StepTelemetry(BatchLoss):
     """Puts the optimizer's telemetry vector into `logs`, read inside the compiled step.
 
     `fit` already brings `logs` to the host each step, so this costs one
@@ -111,25 +111,15 @@ class StepTelemetry(keras.metrics.Metric):
 
     def __init__(self, optimizer: TelemetryOptimizer | None = None, loss: Any = None,
                  name: str = TELEMETRY_LOG_KEY, **kwargs: Any) -> None:
-        super().__init__(name=name, **kwargs)
+        # The batch's data loss (BatchLoss's) rides in the same vector: one metric and one log
+        # entry a step, not two (a second metric cost about 4% of a small model's step).
+        super().__init__(loss, name=name, **kwargs)
         self._read = (lambda: optimizer.telemetry.value) if optimizer is not None else None
-        # The batch's data loss rides in the same vector: one metric and one log entry a step,
-        # not two (a second metric cost about 4% of a small model's step).
-        self._loss_fn = compiled_loss(loss) if loss is not None else None
-        self.data_loss = self.add_variable(shape=(), initializer="zeros", name="data_loss")
-
-    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-        """The batch's data loss; the optimizer wrote the rest of this step's values."""
-        assert self._loss_fn is not None
-        self.data_loss.assign(keras.ops.cast(self._loss_fn(y_true, y_pred), "float32"))
 
     def result(self) -> Any:
         """[data loss, *the optimizer's telemetry vector]."""
         assert self._read is not None
-        return keras.ops.concatenate([keras.ops.reshape(self.data_loss.value, (1,)), self._read()])
-
-    def reset_state(self) -> None:
-        self.data_loss.assign(0.0)
+        return keras.ops.concatenate([keras.ops.reshape(self.value.value, (1,)), self._read()])
 
 
 _RawStep = tuple[int, float, list[float], float, float]

@@ -20,8 +20,10 @@ class Settings(BaseSettings):
     report_max_records: int = 256
     """Most step records held before a report is forced."""
     speed_check_steps: int = 4
-    """On a CPU, a float16/bfloat16 job that succeeds then times this many steps per round (3 rounds)
-    of its model in its policy and in float32, to say how much slower or faster it is there. 0: off."""
+    """A job that succeeds then times its policy (on a CPU, when float16/bfloat16) or its comparison's
+    variants against float32, this many steps per side and round, in turns (worker/speed.py). 0: off."""
+    speed_check_rounds: int = 9
+    """Rounds of that speed check: the quartiles of its per-round ratios are the interval shown."""
     lease_s: float = 30.0
     """A running attempt renews its lease this often / 6; a lease left to expire means its worker is gone."""
     reap_interval_s: float = 10.0

@@ -7,7 +7,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from app.schemas import ComparisonSpec, Diagnosis, JobSpec, LossScale, PrecisionPolicy, StepRecord, Summary
+from app.schemas import (
+    ComparisonSpec,
+    Diagnosis,
+    JobSpec,
+    LossScale,
+    PrecisionPolicy,
+    PrecisionSpeed,
+    StepRecord,
+    Summary,
+)
 
 
 class JobState(str, Enum):
@@ -120,8 +129,12 @@ class VariantResult(BaseModel):
     loss_gap: float | None
     """(final_loss - float32's) / |float32's|: 0.008 is 0.8% worse than float32."""
     examples_per_sec: float | None
-    speedup: float | None
-    """examples_per_sec over float32's."""
+    """Throughput of the variant's own training run. Variants may run at different times or on
+    different workers, so it is not their speed against float32: `speed` is."""
+    speed: PrecisionSpeed | None = None
+    """Step time against float32's, all variants timed in turns by the baseline job (worker/speed.py)."""
+    speed_error: str | None = None
+    """Why the variant could not be timed, when it could not."""
     skipped_steps: int | None
     peak_zero_grad_fraction: float | None
     peak_excess_zero_fraction: float | None = None

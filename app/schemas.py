@@ -370,38 +370,7 @@ def loss_scale_from_mode(value: Any) -> Any:
     return value
 
 
-class JobSpec(_Strict):
-    name: str | None = Field(None, max_length=200)
-    model: ModelSpec
-    precision_policy: PrecisionPolicy = PrecisionPolicy.FLOAT32
-    loss_scale: LossScale | None = None
-    """None means the default: dynamic when the policy computes in float16."""
-    training: TrainingSpec = TrainingSpec()
-    dataset: DatasetSpec = SyntheticDataset()
-    device: Literal["any", "cpu", "gpu"] = "any"
-
-    @field_validator("loss_scale", mode="before")
-    @classmethod
-    def _bare_mode(cls, value: Any) -> Any:
-        return loss_scale_from_mode(value)
-
-    @model_validator(mode="after")
-    def _default_loss_scale(self) -> JobSpec:
-        if self.loss_scale is None:
-            default: NoLossScale | DynamicLossScale = (
-                DynamicLossScale()
-                if self.precision_policy.compute_dtype == "float16"
-                else NoLossScale()
-            )
-            object.__setattr__(self, "loss_scale", default)
-        return self
-
-
-# --- precision comparisons ----------------------------------------------------
-
 MAX_VARIANTS = 8
-DEFAULT_MATCH_TOLERANCE = 0.02
-"""A variant "matches" float32 when its final loss is within this fraction of float32's."""
 
 
 class Variant(_Strict):
@@ -431,6 +400,49 @@ class Variant(_Strict):
         if isinstance(scale, FixedLossScale):
             return f"{self.precision_policy.value} + fixed {scale.scale:g}"
         return f"{self.precision_policy.value} + {scale.mode}"
+
+
+class JobSpec(_Strict):
+    name: str | None = Field(None, max_length=200)
+    model: ModelSpec
+    precision_policy: PrecisionPolicy = PrecisionPolicy.FLOAT32
+    loss_scale: LossScale | None = None
+    """None means the default: dynamic when the policy computes in float16."""
+    training: TrainingSpec = TrainingSpec()
+    dataset: DatasetSpec = SyntheticDataset()
+    device: Literal["any", "cpu", "gpu"] = "any"
+    speed_check: list[Variant] | None = Field(None, max_length=MAX_VARIANTS)
+    """What the job times against float32 after it trains, on its own device (worker/speed.py).
+    None: its own policy, on a CPU, when that computes in float16/bfloat16. A list: each of these
+    variants, on any device; a comparison's float32 baseline times them all in one measurement,
+    and its other variants get []: nothing."""
+
+    @field_validator("loss_scale", mode="before")
+    @classmethod
+    def _bare_mode(cls, value: Any) -> Any:
+        return loss_scale_from_mode(value)
+
+    @field_validator("speed_check", mode="after")
+    @classmethod
+    def _resolved_variants(cls, value: list[Variant] | None) -> list[Variant] | None:
+        return None if value is None else [v.resolved() for v in value]
+
+    @model_validator(mode="after")
+    def _default_loss_scale(self) -> JobSpec:
+        if self.loss_scale is None:
+            default: NoLossScale | DynamicLossScale = (
+                DynamicLossScale()
+                if self.precision_policy.compute_dtype == "float16"
+                else NoLossScale()
+            )
+            object.__setattr__(self, "loss_scale", default)
+        return self
+
+
+# --- precision comparisons ----------------------------------------------------
+
+DEFAULT_MATCH_TOLERANCE = 0.02
+"""A variant "matches" float32 when its final loss is within this fraction of float32's."""
 
 
 DEFAULT_VARIANTS = (
@@ -481,15 +493,25 @@ class ComparisonSpec(_Strict):
         ['mlp · float32', 'mlp · mixed_float16 + dynamic']
         """
         base = self.spec.model_dump(mode="json")
+        variants = self.variants or []
+        baseline = next(v for v in variants if v.precision_policy is PrecisionPolicy.FLOAT32)
         specs = []
-        for variant in self.variants or ():
+        for variant in variants:
             label = f" · {variant.label}"  # kept whole: a long name is cut instead
             name = f"{(self.name or _model_tag(self.spec.model) or 'model')[:200 - len(label)]}{label}"
+            # One speed measurement for all: the baseline times every other variant in turns.
+            timed = [v.model_dump(mode="json") for v in variants if v is not baseline] if variant is baseline else []
             specs.append(JobSpec.model_validate({
                 **base, "name": name, "precision_policy": variant.precision_policy.value,
                 "loss_scale": None if variant.loss_scale is None else variant.loss_scale.model_dump(mode="json"),
+                "speed_check": timed,
             }))
         return specs
+
+    @property
+    def baseline_index(self) -> int:
+        """The float32 variant's place: its job times the others and is the verdict's reference."""
+        return next(i for i, v in enumerate(self.variants or ()) if v.precision_policy is PrecisionPolicy.FLOAT32)
 
 
 # --- telemetry --------------------------------------------------------------
@@ -538,19 +560,69 @@ class Diagnosis(_Strict):
     first_step: int | None
 
 
-class PrecisionSpeed(_Strict):
-    """This job's model trained a few steps in its policy and in float32 after the run, on its own device.
+SpeedDifference = Literal["slower", "faster", "none"]
+"""What a speed check can tell: measurably slower or faster than float32, or no measurable difference."""
 
-    Both sides are fresh copies of the model, built, compiled and warmed the same
-    way, taking turns on the same batches; each figure is the median step time.
+
+class PrecisionSpeed(_Strict):
+    """A policy's training speed against float32 on one device, measured in turns (worker/speed.py).
+
+    Fresh copies of the model, built, compiled and warmed the same way, take turns
+    training a few steps each on the same batches, round after round, in rotated
+    order: the policy, float32, and a second float32 copy (the A/A pair that shows
+    how much two identical sides differ on this machine now). Each round gives one
+    ratio per side, its step time over float32's in that round; the figures are the
+    median and quartiles of those ratios, so drift that hits all sides alike cancels.
     """
 
     policy_ms: float
+    """Median step time under the policy."""
     float32_ms: float
     slowdown: float
-    """policy_ms / float32_ms: above 1 the policy is slower than float32 here."""
+    """Median over rounds of policy / float32 step time: above 1 the policy is slower here."""
     steps: int
     """Timed steps on each side."""
+    low: float | None = None
+    """First quartile of the per-round ratios (None on a record from before the interval existed)."""
+    high: float | None = None
+    """Third quartile of the per-round ratios."""
+    noise_low: float | None = None
+    """First quartile of float32 against float32 (the A/A noise of this measurement)."""
+    noise_high: float | None = None
+    rounds: int = 0
+    difference: SpeedDifference = "none"
+    """"slower" only when the whole interval lies above both 1 and the A/A noise, "faster" only when
+    it lies below both; otherwise no measurable difference. See `speed_difference`."""
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return (self.slowdown if self.low is None else self.low, self.slowdown if self.high is None else self.high)
+
+
+def speed_difference(low: float, high: float, noise_low: float, noise_high: float) -> SpeedDifference:
+    """Whether a slowdown interval [low, high] is beyond the A/A noise [noise_low, noise_high] and 1.
+
+    >>> speed_difference(1.3, 1.5, 0.96, 1.05), speed_difference(0.97, 1.08, 0.96, 1.05)
+    ('slower', 'none')
+    >>> speed_difference(0.6, 0.7, 0.96, 1.05), speed_difference(1.03, 1.04, 0.99, 1.05)
+    ('faster', 'none')
+    """
+    if low > max(1.0, noise_high):
+        return "slower"
+    if high < min(1.0, noise_low):
+        return "faster"
+    return "none"
+
+
+class VariantSpeed(_Strict):
+    """One comparison variant timed by the float32 baseline job against float32 (worker/speed.py)."""
+
+    label: str
+    speed: PrecisionSpeed | None
+    error: str | None = None
+    """Why this variant could not be timed (it could not be built or trained here)."""
+    slow_precision: str | None = None
+    """The `slow_precision_on_device` message the measurement earned, if any."""
 
 
 class Summary(_Strict):
@@ -573,4 +645,6 @@ class Summary(_Strict):
     """Why the float32 check stopped, if it failed (the job trained on without it)."""
     precision_speed: PrecisionSpeed | None = None
     """On a CPU, for a float16/bfloat16 policy that succeeded: its speed against float32 there."""
+    variant_speeds: list[VariantSpeed] = []
+    """A comparison's float32 baseline only: every other variant's speed against float32, timed in turns."""
     diagnoses: list[Diagnosis] = []

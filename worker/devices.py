@@ -12,6 +12,7 @@ from pathlib import Path
 
 import keras
 
+from app.formats import ratio, speed_words
 from app.schemas import PrecisionSpeed
 
 FAST_FLOAT16_MIN_CC = (7, 0)
@@ -20,7 +21,8 @@ FAST_BFLOAT16_MIN_CC = (8, 0)
 """bfloat16 tensor cores arrived with Ampere (compute capability 8.0)."""
 CPU_HALF_FLAGS = ("avx512_fp16", "amx_fp16", "avx512_bf16", "amx_bf16")
 SLOW_RATIO = 1.5
-"""On a CPU, a policy measured this many times slower than float32 earns `slow_precision_on_device`."""
+"""On a CPU, a policy whose whole measured interval is this many times slower than float32 (and
+beyond the A/A noise) earns `slow_precision_on_device`."""
 
 
 @dataclass(frozen=True)
@@ -99,14 +101,18 @@ def slow_precision_message(
             f"{cc[0]}.{cc[1]}) has no fast {compute_dtype} units; they need {need[0]}.{need[1]} or newer. "
             "Expect no speedup over float32; keep float32 on this GPU."
         )
-    if speed is None or speed.slowdown < SLOW_RATIO:
+    if speed is None or speed.difference != "slower" or speed.interval[0] < SLOW_RATIO:
         return None
     present = sorted(device.cpu_flags & set(CPU_HALF_FLAGS))
     units = f"it has {', '.join(present)}" if present else f"it has none of {', '.join(CPU_HALF_FLAGS)}"
+    low, high = speed.interval
+    noise = (f"; float32 against itself: {ratio(speed.noise_low)[:-1]}–{ratio(speed.noise_high)}"
+             if speed.noise_low is not None and speed.noise_high is not None else "")
     return (
         f"On this CPU ({device.name}; {units}) a training step of this model took {speed.policy_ms:.3g} ms "
-        f"under {policy} against {speed.float32_ms:.3g} ms in float32: {speed.slowdown:.2g}x slower "
-        f"(median of {speed.steps} steps each, timed after the run on fresh copies of the model). "
+        f"under {policy} against {speed.float32_ms:.3g} ms in float32: "
+        f"{speed_words(speed.slowdown, low, high, speed.difference)}, the quartiles of {speed.rounds} rounds "
+        f"timed in turns after the run on fresh copies of the model{noise}. "
         f"{device.backend} has no fast {compute_dtype} path on this CPU for some of the ops this model uses. "
         "It runs correctly: use it on CPU to check numerics, and train for speed in float32 here "
         "or in mixed precision on a GPU."

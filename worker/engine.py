@@ -22,7 +22,16 @@ import numpy as np
 
 from app.config import Settings, get_settings
 from app.errors import Diverged, InvalidModel, JobFailed, MpjobsError, TimedOut
-from app.schemas import DynamicLossScale, FixedLossScale, JobSpec, LossScaleMode, PrecisionPolicy, Summary
+from app.schemas import (
+    DynamicLossScale,
+    FixedLossScale,
+    JobSpec,
+    LossScaleMode,
+    PrecisionPolicy,
+    PrecisionSpeed,
+    Summary,
+    VariantSpeed,
+)
 from worker import checkpoint
 from worker.data import load_dataset
 from worker.devices import DeviceInfo, detect_device, slow_precision_message
@@ -30,8 +39,7 @@ from worker.failures import missing_kernel
 from worker.float32_check import Float32Check
 from worker.models import BuiltModel, build_model
 from worker.optimizer import TelemetryOptimizer
-from worker.speed import ROUNDS as SPEED_ROUNDS
-from worker.speed import measure as measure_speed
+from worker.speed import measure_all, variant_spec
 from worker.summary import RunContext, SummaryBuilder
 from worker.telemetry import BatchLoss, ListReporter, Reporter, StepTelemetry, TelemetryCallback, compiled_loss
 
@@ -240,27 +248,49 @@ class Training:
         ))
 
     def _check_speed(self) -> None:
-        """On a CPU, time this model in its policy against float32 (worker.speed) for the summary."""
+        """Time policies against float32 in turns (worker.speed) for the summary.
+
+        By default a CPU job in float16/bfloat16 times its own policy; a comparison's float32
+        baseline times every other variant, on any device (`JobSpec.speed_check`).
+        """
         spec, device, per_round = self.spec, self.device, self.settings.speed_check_steps
         trained = self.builder.steps_done - self.start
-        if device.kind != "cpu" or spec.precision_policy.compute_dtype == "float32" or per_round <= 0 or not trained:
+        if spec.speed_check is None:
+            own = device.kind == "cpu" and spec.precision_policy.compute_dtype != "float32"
+            specs = [spec] if own else []
+        else:
+            specs = [variant_spec(spec, v) for v in spec.speed_check]
+        rounds = self.settings.speed_check_rounds
+        if not specs or per_round <= 0 or rounds <= 0 or not trained:
             return
-        # A short run gets a short check: it trains at most about half as many steps as the run did.
-        steps = min(per_round, max(1, trained // (2 * SPEED_ROUNDS)))
+        # A short run gets a short check: each side trains at most about half as many steps as the run did.
+        steps = min(per_round, max(1, trained // (2 * rounds)))
         parts = list(self.dataset.batches(0, steps))
         x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         try:
-            speed = measure_speed(spec, x, y, on_cpu_tf=device.backend == "tensorflow",
-                                  make_optimizer=make_optimizer, should_stop=self.should_stop)
+            timed = measure_all(specs, x, y, on_cpu_tf=device.backend == "tensorflow", rounds=rounds,
+                                make_optimizer=make_optimizer, should_stop=self.should_stop)
         except Exception:  # the job itself succeeded: a failed measurement only leaves the figure out
-            log.warning("speed check failed; the summary has no precision_speed", exc_info=True)
+            log.warning("speed check failed; the summary has no precision speed", exc_info=True)
             return
-        if speed is None:
+        if timed is None:
             log.info("speed check abandoned: the job was asked to stop after its last step")
             return
-        message = slow_precision_message(device, spec.precision_policy.compute_dtype, spec.precision_policy.value,
-                                         speed)
-        self.builder.set_speed(speed, message)
+        if spec.speed_check is None:
+            own_timed = timed[0]
+            if own_timed.speed is None:
+                log.warning("speed check failed; the summary has no precision speed: %s", own_timed.error)
+                return
+            self.builder.set_speed(own_timed.speed, self._slow_message(spec, own_timed.speed))
+            return
+        self.builder.set_variant_speeds([
+            VariantSpeed(label=v.label, speed=t.speed, error=t.error,
+                         slow_precision=self._slow_message(t.spec, t.speed) if t.speed else None)
+            for v, t in zip(spec.speed_check, timed, strict=True)])
+
+    def _slow_message(self, spec: JobSpec, speed: PrecisionSpeed) -> str | None:
+        return slow_precision_message(self.device, spec.precision_policy.compute_dtype, spec.precision_policy.value,
+                                      speed)
 
     def close(self) -> None:
         """Wait for the checkpoint writer (after a failure in `fit`)."""

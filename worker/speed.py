@@ -1,42 +1,57 @@
-"""How fast this job's model trains in its policy against float32, on the device it ran on.
+"""How fast a model trains in a policy against float32, on the device the job ran on.
 
 On a CPU nothing general can be said: half-precision speed depends on the
 processor's vector units and on which of the backend's kernels have a float16
 or bfloat16 path. Measured with TensorFlow on our 2-core VMs, the same MLP step
 under `mixed_float16` was about float32's speed on one machine and 40x slower
-on another. So a CPU job in float16/bfloat16 that succeeds ends with a short
-measurement of its own model instead of a guess:
+on another. And the machine is shared: two runs of one spec, timed one after
+the other, have differed by 2x. So a speed is only ever measured here, in one
+process, by taking turns (the method of bench/engine_overhead.py):
 
-- two fresh copies of the model, one under the job's policy and loss scaling,
-  one in float32, built and compiled the way the job was;
-- one warm-up step each (tracing), then `rounds` rounds in which the two take
-  turns training `steps` steps on the same batches;
-- each step timed from its start until its loss is on the host; each side's
-  figure is the median of its steps.
+- fresh copies of the model, one per policy, one in float32 (the reference)
+  and a second float32 copy (the A/A side), built and compiled alike;
+- one warm-up step each (tracing), then `rounds` rounds; in each, every side
+  trains `steps` steps on the same batches, in an order rotated every round,
+  so no side always follows the same neighbour;
+- each step timed from its start until its loss is on the host; a side's
+  piece is the median of its steps in that round;
+- per round and side, the ratio of its piece to the reference's piece. A
+  slowdown is the median of a side's ratios; its interval their quartiles.
 
-Taking turns cancels the drift of a shared, noisy machine; medians drop the
-odd slow step. The copies are discarded: the job's weights are untouched.
+Drift of the machine that hits a whole round cancels in its ratios. The A/A
+side's ratios show what two identical sides differ by on this machine now:
+a policy is called slower or faster only when its whole interval lies beyond
+both 1 and that noise (`app.schemas.speed_difference`). The copies are
+discarded: the job's weights are untouched.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import keras
 import numpy as np
 
-from app.schemas import JobSpec, NoLossScale, PrecisionPolicy, PrecisionSpeed
+from app.errors import JobFailed
+from app.schemas import JobSpec, NoLossScale, PrecisionPolicy, PrecisionSpeed, Variant, speed_difference
 from worker.models import build_model
 
-ROUNDS = 3
+ROUNDS = 9
+"""Rounds of turns: enough for quartiles of the per-round ratios."""
 
 
 def float32_twin(spec: JobSpec) -> JobSpec:
     """The same job in float32, without loss scaling."""
     return spec.model_copy(update={"precision_policy": PrecisionPolicy.FLOAT32, "loss_scale": NoLossScale()})
+
+
+def variant_spec(spec: JobSpec, variant: Variant) -> JobSpec:
+    """`spec` with `variant`'s policy and loss scaling: what that variant's job trains."""
+    return spec.model_copy(update={"precision_policy": variant.precision_policy, "loss_scale": variant.loss_scale})
 
 
 class _StepClock(keras.callbacks.Callback):
@@ -56,17 +71,105 @@ class _StepClock(keras.callbacks.Callback):
         self.seconds.append(time.perf_counter() - self._start)
 
 
-class _Copy:
+class _Side:
+    """One fresh copy of the model under one spec, and its per-round pieces."""
+
     def __init__(self, spec: JobSpec, on_cpu_tf: bool, make_optimizer: Callable[[JobSpec], Any]) -> None:
         keras.utils.set_random_seed(spec.training.seed)
         built = build_model(spec, on_cpu_tf=on_cpu_tf)
+        self.spec = spec
         self.model, self.batch_size = built.model, spec.training.batch_size
         self.model.compile(optimizer=make_optimizer(spec), loss=built.loss, auto_scale_loss=False)
         self.clock = _StepClock()
+        self.callbacks: list[keras.callbacks.Callback] = [self.clock]
+        """Called in order; the clock last, so that a step ends when every callback has seen it."""
+        self.pieces: list[float] = []
+        """Per round: the median of that round's step times."""
 
-    def fit(self, x: np.ndarray, y: np.ndarray, *, timed: bool) -> None:
-        callbacks = [self.clock] if timed else []
-        self.model.fit(x, y, batch_size=self.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+    def warm_up(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.model.fit(x[:self.batch_size], y[:self.batch_size], batch_size=self.batch_size, epochs=1,
+                       shuffle=False, verbose=0)
+
+    def piece(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.clock.seconds = []
+        self.model.fit(x, y, batch_size=self.batch_size, epochs=1, shuffle=False, verbose=0,
+                       callbacks=self.callbacks)
+        self.pieces.append(statistics.median(self.clock.seconds))
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One policy's result: its speed, or why it could not be timed."""
+
+    spec: JobSpec
+    speed: PrecisionSpeed | None
+    error: str | None = None
+
+
+def _quartiles(values: Sequence[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def measure_all(
+    specs: Sequence[JobSpec],
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    on_cpu_tf: bool,
+    make_optimizer: Callable[[JobSpec], Any],
+    rounds: int = ROUNDS,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> list[Timed] | None:
+    """Each of `specs` against float32 (the first spec's twin), all in turns on batches `x`, `y`.
+
+    A spec that cannot be built or trained here gets its error, and the rest are timed
+    without it. None when `should_stop()` turns true between two pieces (a cancel
+    after the run's last step).
+    """
+    reference = _Side(float32_twin(specs[0]), on_cpu_tf, make_optimizer)
+    twin = _Side(float32_twin(specs[0]), on_cpu_tf, make_optimizer)
+    sides: list[_Side] = [reference, twin]
+    errors: dict[int, str] = {}
+    policy_sides: dict[int, _Side] = {}
+    for index, spec in enumerate(specs):
+        try:
+            side = _Side(spec, on_cpu_tf, make_optimizer)
+            side.warm_up(x, y)
+        except Exception as exc:  # an unsupported policy is a finding about it, not the end of the others
+            errors[index] = str(exc) if isinstance(exc, JobFailed) else f"{type(exc).__name__}: {exc}"
+            continue
+        policy_sides[index] = side
+        sides.append(side)
+    for side in (reference, twin):
+        side.warm_up(x, y)
+    for r in range(rounds):
+        turn = r % len(sides)
+        for side in sides[turn:] + sides[:turn]:
+            if should_stop():
+                return None
+            side.piece(x, y)
+    steps = len(x) // reference.batch_size * rounds
+    noise = [t / f for t, f in zip(twin.pieces, reference.pieces, strict=True)]
+    noise_low, noise_high = _quartiles(noise)
+    float32_ms = statistics.median(reference.pieces) * 1e3
+    results = []
+    for index, spec in enumerate(specs):
+        timed = policy_sides.get(index)
+        if timed is None:
+            results.append(Timed(spec, None, errors[index]))
+            continue
+        ratios = [p / f for p, f in zip(timed.pieces, reference.pieces, strict=True)]
+        low, high = _quartiles(ratios)
+        results.append(Timed(spec, PrecisionSpeed(
+            policy_ms=statistics.median(timed.pieces) * 1e3, float32_ms=float32_ms,
+            slowdown=statistics.median(ratios), steps=steps, low=low, high=high,
+            noise_low=noise_low, noise_high=noise_high, rounds=rounds,
+            difference=speed_difference(low, high, noise_low, noise_high),
+        )))
+    return results
 
 
 def measure(
@@ -79,23 +182,11 @@ def measure(
     rounds: int = ROUNDS,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> PrecisionSpeed | None:
-    """Median step time of `spec`'s model in its policy and in float32, on batches `x`, `y`.
-
-    None when `should_stop()` turns true between two pieces (a cancel after the run's last step).
-    """
-    bs = spec.training.batch_size
-    policy = _Copy(spec, on_cpu_tf, make_optimizer)
-    float32 = _Copy(float32_twin(spec), on_cpu_tf, make_optimizer)
-    # Alternate which side goes first, so neither always runs right after the other's cache misses.
-    order = [(side, False) for side in (policy, float32)] + [
-        (side, True) for r in range(rounds) for side in ((policy, float32) if r % 2 == 0 else (float32, policy))]
-    for side, timed in order:
-        if should_stop():
-            return None
-        # Untimed: one warm-up step (tracing).
-        side.fit(x if timed else x[:bs], y if timed else y[:bs], timed=timed)
-    policy_s, float32_s = statistics.median(policy.clock.seconds), statistics.median(float32.clock.seconds)
-    return PrecisionSpeed(
-        policy_ms=policy_s * 1e3, float32_ms=float32_s * 1e3, slowdown=policy_s / float32_s,
-        steps=len(policy.clock.seconds),
-    )
+    """`spec`'s policy against float32 (`measure_all` with one policy); its failure to train is raised."""
+    timed = measure_all([spec], x, y, on_cpu_tf=on_cpu_tf, make_optimizer=make_optimizer, rounds=rounds,
+                        should_stop=should_stop)
+    if timed is None:
+        return None
+    if timed[0].error is not None:
+        raise RuntimeError(timed[0].error)
+    return timed[0].speed

@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.schemas import Diagnosis, LossScaleMode, PrecisionSpeed, StepRecord, Summary
+from app.schemas import Diagnosis, LossScaleMode, PrecisionSpeed, StepRecord, Summary, VariantSpeed
 from worker.float32_check import CheckResult, floor_percent
 
 FINAL_LOSS_WINDOW = 10
@@ -54,6 +54,8 @@ class SummaryBuilder:
         self.timed_seconds: float = s.get("timed_seconds", 0.0)
         self.precision_speed: PrecisionSpeed | None = None
         """Measured at the end of a run (worker.speed), never carried across a resume."""
+        self.variant_speeds: list[VariantSpeed] = []
+        """A comparison baseline's measurement of the other variants, at the end of its run."""
         diverged = s.get("diverged")
         self.diverged: tuple[int, str] | None = (int(diverged[0]), str(diverged[1])) if diverged else None
 
@@ -84,6 +86,10 @@ class SummaryBuilder:
         """The run's speed check, and the `slow_precision_on_device` message it earned (None: none)."""
         self.precision_speed = speed
         self.context = replace(self.context, slow_precision_message=slow_precision_message)
+
+    def set_variant_speeds(self, speeds: list[VariantSpeed]) -> None:
+        """A comparison baseline's speed check: each other variant against float32."""
+        self.variant_speeds = speeds
 
     def add(self, r: StepRecord, *, timed: bool = True, batch_size: int = 0) -> None:
         """Fold in one step. `timed=False` leaves warm-up steps out of examples/s."""
@@ -200,5 +206,6 @@ class SummaryBuilder:
             float32_check_error=self.check_error,
             mean_examples_per_sec=(self.timed_examples / self.timed_seconds) if self.timed_seconds > 0 else None,
             precision_speed=self.precision_speed,
+            variant_speeds=self.variant_speeds,
             diagnoses=self.diagnoses(),
         )

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from app.cli.formats import number, percent, rate, ratio
-from app.comparisons import FASTER as SAME_SPEED
+from app.formats import number, percent, rate, ratio, speed_words
 from app.resources import JobState
 
 
@@ -35,12 +34,14 @@ def loss_scale_words(scale: dict[str, Any] | None) -> str:
 
 
 def precision_speed_words(ps: dict[str, Any]) -> str:
-    """A job's speed check (summary.precision_speed) against float32, in words."""
-    r = ps["slowdown"]
-    how = ("about float32's speed" if 1 / SAME_SPEED < r < SAME_SPEED
-           else f"{r:.2g}x slower than float32" if r > 1 else f"{1 / r:.2g}x faster than float32")
-    return (f"{how} on this CPU ({ps['policy_ms']:.3g} ms against {ps['float32_ms']:.3g} ms per step, "
-            f"median of {ps['steps']} steps each)")
+    """A speed check (summary.precision_speed, or a comparison variant's speed) against float32, in words."""
+    low = ps["slowdown"] if ps.get("low") is None else ps["low"]
+    high = ps["slowdown"] if ps.get("high") is None else ps["high"]
+    rounds = f", quartiles of {ps['rounds']} rounds" if ps.get("rounds") else ""
+    noise = (f"; float32 against itself {ratio(ps['noise_low'])[:-1]}–{ratio(ps['noise_high'])}"
+             if ps.get("noise_low") is not None and ps.get("noise_high") is not None else "")
+    return (f"{speed_words(ps['slowdown'], low, high, ps.get('difference', 'none'))} "
+            f"({number(ps['policy_ms'], 3)} ms against {number(ps['float32_ms'], 3)} ms per step{rounds}{noise})")
 
 
 def spec_words(spec: dict[str, Any]) -> str:
@@ -95,6 +96,18 @@ def _or_dash(value: Any, show: Callable[[float], str], dash: str = "-") -> str:
     return dash if value is None else show(value)
 
 
+def _speed_cell(v: dict[str, Any]) -> str:
+    """A variant's measured step time against float32's: median (quartiles), or why there is none."""
+    if v.get("baseline"):
+        return "1 (baseline)"
+    ps = v.get("speed")
+    if not ps:
+        return "not timed" if v.get("speed_error") else "-"
+    low = ps["slowdown"] if ps.get("low") is None else ps["low"]
+    high = ps["slowdown"] if ps.get("high") is None else ps["high"]
+    return f"{ratio(ps['slowdown'])} ({ratio(low)[:-1]}–{ratio(high)[:-1]})"
+
+
 def comparison_report(c: dict[str, Any]) -> str:
     rows = []
     for v in c["variants"]:
@@ -102,11 +115,12 @@ def comparison_report(c: dict[str, Any]) -> str:
             v["label"] + (" (baseline)" if v.get("baseline") else ""), v["state"],
             f"{v['progress']['step']}/{v['progress']['total_steps']}", _or_dash(v.get("final_loss"), number),
             _or_dash(v.get("loss_gap"), lambda gap: percent(gap, sign=True)),
-            _or_dash(v.get("examples_per_sec"), rate), _or_dash(v.get("speedup"), ratio),
+            _or_dash(v.get("examples_per_sec"), rate), _speed_cell(v),
             _or_dash(v.get("skipped_steps"), str), _or_dash(v.get("peak_zero_grad_fraction"), percent),
             _or_dash(v.get("peak_excess_zero_fraction"), percent),
             ",".join(d["code"] for d in v.get("diagnoses") or []) or "-", v["job_id"]])
-    header = ["VARIANT", "STATE", "STEP", "FINAL LOSS", "VS FLOAT32", "EXAMPLES/S", "SPEEDUP", "SKIPPED",
+    header = ["VARIANT", "STATE", "STEP", "FINAL LOSS", "VS FLOAT32", "THROUGHPUT EX/S", "STEP TIME VS FLOAT32",
+              "SKIPPED",
               "ZERO GRADS", "EXCESS ZEROS", "DIAGNOSES", "JOB"]
     lines = [f"comparison {c['id']}" + (f"  {c['name']!r}" if c.get("name") else "") + f"  ({c['state']})",
              table(header, rows)]
@@ -115,5 +129,7 @@ def comparison_report(c: dict[str, Any]) -> str:
         if error:
             text = f"{error['reason']}: {error['message']}" if isinstance(error, dict) else str(error)
             lines.append(f"  {v['label']} {v['state']}: {text}")
+        if v.get("speed_error"):
+            lines.append(f"  {v['label']} not timed: {v['speed_error']}")
     lines.append(f"verdict: {c['verdict']}")
     return "\n".join(lines)

@@ -1,32 +1,52 @@
-"""The comparison report and its verdict, from job records (no processes needed)."""
+"""The comparison report and its verdict, from job records (no processes needed).
+
+Speed comes from the float32 baseline's one measurement of every variant (`variant_speeds`),
+never from the variant jobs' examples/s: the jobs below are given throughputs that disagree
+with the measured speeds on purpose.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from app import comparisons
+from app.formats import percent
 from app.resources import Job, JobError, JobState, Progress, WorkerInfo
-from app.schemas import ComparisonSpec, Diagnosis, Summary
+from app.schemas import ComparisonSpec, Diagnosis, PrecisionSpeed, Summary, VariantSpeed, speed_difference
 
 SPEC = ComparisonSpec.model_validate({"spec": {"model": {"name": "mlp"}}})
 LABELS = ["float32", "mixed_float16 + dynamic", "mixed_float16 + none", "mixed_bfloat16"]
+NOISE = (0.95, 1.05)
 
 
-def job(index: int, loss: float | None, speed: float, state: JobState = JobState.SUCCEEDED,
-        codes: tuple[str, ...] = (), host: str = "a", start: int = 0, device: str = "gpu",
+def speed(median: float, low: float, high: float, noise: tuple[float, float] = NOISE) -> PrecisionSpeed:
+    return PrecisionSpeed(policy_ms=2.0 * median, float32_ms=2.0, slowdown=median, steps=36, low=low, high=high,
+                          noise_low=noise[0], noise_high=noise[1], rounds=9,
+                          difference=speed_difference(low, high, *noise))
+
+
+def timed(*speeds: PrecisionSpeed | None, slow: str | None = None) -> list[VariantSpeed]:
+    """The baseline's measurement of variants 1, 2, 3 in order."""
+    return [VariantSpeed(label=label, speed=s, error=None if s else "unsupported_precision_on_device: no kernel",
+                         slow_precision=slow if s and s.difference == "slower" else None)
+            for label, s in zip(LABELS[1:], speeds, strict=True)]
+
+
+def job(index: int, loss: float | None, throughput: float = 1000.0, state: JobState = JobState.SUCCEEDED,
+        codes: tuple[str, ...] = (), device: str = "cpu", speeds: list[VariantSpeed] | None = None,
         **summary: Any) -> Job:
     spec = SPEC.job_specs()[index]
     return Job(
         id=f"j{index}", name=spec.name, state=state, queue="any", spec=spec, created_at="2026-12-01T00:00:00+00:00",
-        started_at=f"2026-12-01T00:{start:02d}:00+00:00", finished_at=f"2026-12-01T00:{start + 1:02d}:00+00:00",
+        started_at="2026-12-01T00:00:00+00:00", finished_at="2026-12-01T00:01:00+00:00",
         transitions=[], progress=Progress(step=100, total_steps=100),
         summary=Summary(steps_done=100, final_loss=loss, skipped_steps=summary.get("skipped", 0),
                         loss_scale_min=1.0, loss_scale_max=1.0, loss_scale_final=1.0,
-                        peak_zero_grad_fraction=summary.get("zero", 0.01), mean_examples_per_sec=speed,
-                        peak_excess_zero_fraction=summary.get("zero", 0.01),
+                        peak_zero_grad_fraction=summary.get("zero", 0.01), mean_examples_per_sec=throughput,
+                        peak_excess_zero_fraction=summary.get("zero", 0.01), variant_speeds=speeds or [],
                         diagnoses=[Diagnosis(code=c, message=c, first_step=1) for c in codes]),  # type: ignore[arg-type]
         error=JobError(reason="diverged", message="Loss was NaN for 10 steps.") if state is JobState.FAILED else None,
-        attempt=1, worker=WorkerInfo(host=host, pid=1, device={"kind": device}),
+        attempt=1, worker=WorkerInfo(host="a", pid=1, device={"kind": device}),
     )
 
 
@@ -34,100 +54,116 @@ def report(jobs: list[Job]) -> comparisons.Comparison:
     return comparisons.build("c1", None, "2026-12-01T00:00:00+00:00", SPEC, jobs)
 
 
-def test_gaps_speedups_and_a_recommendation() -> None:
+def test_gaps_measured_speeds_and_a_recommendation() -> None:
+    speeds = timed(speed(0.48, 0.45, 0.50), speed(0.47, 0.45, 0.49), speed(0.42, 0.40, 0.44))
     result = report([
-        job(0, 1.000, 1000, start=0),
-        job(1, 1.008, 2100, start=2, skipped=3),
-        job(2, 1.400, 2200, start=4, codes=("gradient_underflow",), zero=1.0),
-        job(3, 1.012, 2400, start=6),
+        job(0, 1.000, speeds=speeds),
+        job(1, 1.008, throughput=400, skipped=3),  # its own run was slow: a busy machine, not its precision
+        job(2, 1.400, codes=("gradient_underflow",), zero=1.0),
+        job(3, 1.012, throughput=900),
     ])
     by_label = {v.label: v for v in result.variants}
     assert [v.label for v in result.variants] == LABELS and result.state == "done"
     assert by_label["mixed_float16 + dynamic"].loss_gap is not None
     assert abs(by_label["mixed_float16 + dynamic"].loss_gap - 0.008) < 1e-12
-    assert by_label["mixed_bfloat16"].speedup == 2.4 and by_label["float32"].speedup == 1.0
+    assert by_label["mixed_bfloat16"].speed == speeds[2].speed and by_label["float32"].speed is None
+    assert by_label["mixed_float16 + dynamic"].examples_per_sec == 400  # throughput, kept and labelled as such
     assert result.verdict == (
-        "mixed_float16 + dynamic matches float32 within 0.8% at 2.1× speed, skipping 3 overflow steps; "
+        "mixed_float16 + dynamic matches float32 within 0.8%, 2.08× faster than float32 (2.00–2.22×), "
+        "skipping 3 overflow steps; "
         "mixed_float16 + none: without loss scaling gradients underflow (up to 100% of gradient values zero that are "
         "not zero in float32), and its loss ends +40% from float32's; "
-        "mixed_bfloat16 matches float32 within 1.2% at 2.4× speed. Use mixed_bfloat16.")
+        "mixed_bfloat16 matches float32 within 1.2%, 2.38× faster than float32 (2.27–2.50×). Use mixed_bfloat16. "
+        "Speeds: each variant's step time against float32's, timed in turns on cpu after the float32 run; the "
+        "interval is the quartiles of the per-round ratios.")
 
 
-def test_a_speed_tie_goes_to_the_safest_numerics() -> None:
-    result = report([job(0, 1.0, 1000), job(1, 1.0, 2000, start=2), job(2, 1.0, 2080, start=4),
-                     job(3, 1.0, 1990, start=6, zero=0.996)])
-    assert result.verdict.endswith(" Use mixed_bfloat16.")
-    no_bf16 = report([job(0, 1.0, 1000), job(1, 1.0, 2000, start=2), job(2, 1.0, 2080, start=4),
-                      job(3, 1.0, 1000, start=6)])
-    assert no_bf16.verdict.endswith(" Use mixed_float16 + dynamic.")
-    only_unscaled = report([job(0, 1.0, 1000), job(1, 1.0, 1000, start=2), job(2, 1.0, 2080, start=4),
-                            job(3, 1.0, 1000, start=6)])
+def test_variants_not_measurably_slower_than_the_fastest_tie_and_the_safest_wins() -> None:
+    tie = report([job(0, 1.0, speeds=timed(speed(0.50, 0.46, 0.54), speed(0.45, 0.43, 0.47),
+                                           speed(0.51, 0.46, 0.55))),
+                  job(1, 1.0), job(2, 1.0), job(3, 1.0, zero=0.996)])
+    assert " Use mixed_bfloat16. " in tie.verdict  # its interval reaches the fastest's: a tie, and bfloat16 is safest
+    apart = report([job(0, 1.0, speeds=timed(speed(0.30, 0.28, 0.32), speed(0.29, 0.27, 0.31),
+                                             speed(0.50, 0.46, 0.54))),
+                    job(1, 1.0), job(2, 1.0), job(3, 1.0)])
+    assert " Use mixed_float16 + dynamic. " in apart.verdict  # dynamic scaling is safer than none
+    only_unscaled = report([job(0, 1.0, speeds=timed(speed(1.0, 0.96, 1.04), speed(0.5, 0.48, 0.52),
+                                                     speed(1.0, 0.97, 1.03))),
+                            job(1, 1.0), job(2, 1.0), job(3, 1.0)])
     assert "Use mixed_float16 + none. It has no loss scaling" in only_unscaled.verdict
 
 
-def test_peak_zero_fraction_is_never_rounded_up() -> None:
-    result = report([job(0, 1.0, 1000), job(1, 1.0, 2000, start=2),
-                     job(2, 1.4, 2000, start=4, codes=("gradient_underflow",), zero=0.996), job(3, 1.0, 2000, start=6)])
-    assert "(up to 99.6% of gradient values zero that are not zero in float32)" in result.verdict
+def test_no_measurable_difference_keeps_float32_whatever_the_throughputs_say() -> None:
+    result = report([job(0, 1.0, speeds=timed(speed(1.01, 0.93, 1.06), speed(0.98, 0.94, 1.02),
+                                              speed(0.97, 0.96, 1.1))),
+                     job(1, 1.0, throughput=2000), job(2, 1.0, throughput=3000), job(3, 1.0, throughput=2500)])
+    assert "mixed_float16 + dynamic matches float32 within 0%, no measurable speed difference from float32 " \
+           "(step time 0.93–1.06× float32's)" in result.verdict
+    assert " Use " not in result.verdict
+    assert "none of it is measurably faster on cpu: keep float32 on this device" in result.verdict
+    # Within the A/A noise is no difference either, however far from 1 the median is.
+    noisy = report([job(0, 1.0, speeds=timed(speed(0.7, 0.6, 0.8, noise=(0.55, 1.6)), speed(1.0, 0.9, 1.1),
+                                             speed(1.0, 0.9, 1.1))),
+                    job(1, 1.0), job(2, 1.0), job(3, 1.0)])
+    assert " Use " not in noisy.verdict and "× faster" not in noisy.verdict
+
+
+def test_a_slower_variant_gets_its_figure_and_the_slow_precision_diagnosis() -> None:
+    message = "On this CPU ... 25.0× slower than float32 (23.8–26.7×) ..."
+    result = report([job(0, 1.0, speeds=timed(speed(25.0, 23.8, 26.7), speed(24.9, 23.5, 26.2),
+                                              speed(1.0, 0.96, 1.08), slow=message)),
+                     job(1, 1.0), job(2, 1.0), job(3, 1.0)])
+    assert "mixed_float16 + dynamic matches float32 within 0%, 25.00× slower than float32 (23.80–26.70×)" \
+        in result.verdict
+    by_label = {v.label: v for v in result.variants}
+    slow = [d for d in by_label["mixed_float16 + dynamic"].diagnoses if d.code == "slow_precision_on_device"]
+    assert [d.message for d in slow] == [message]
+    assert not [d for d in by_label["mixed_bfloat16"].diagnoses if d.code == "slow_precision_on_device"]
+    assert result.verdict.endswith("the interval is the quartiles of the per-round ratios.")
+    assert "keep float32 on this device" in result.verdict
+
+
+def test_unmeasured_speed_recommends_nothing_for_speed() -> None:
+    result = report([job(0, 1.0), job(1, 1.0, throughput=3000), job(2, 1.0, throughput=3000),
+                     job(3, 1.0, throughput=3000)])
+    assert " Use " not in result.verdict and "speed not measured" in result.verdict
+    assert "Speed was not measured for every variant, so no precision is recommended for speed" in result.verdict
+    untimed = report([job(0, 1.0, speeds=timed(speed(0.5, 0.45, 0.55), None, speed(0.5, 0.45, 0.55))),
+                      job(1, 1.0), job(2, 1.0), job(3, 1.0)])
+    by_label = {v.label: v for v in untimed.variants}
+    assert by_label["mixed_float16 + none"].speed_error == "unsupported_precision_on_device: no kernel"
+    assert "mixed_float16 + none matches float32 within 0%, not timed" in untimed.verdict
 
 
 def test_no_match_keeps_float32_and_failures_are_named() -> None:
     result = report([
-        job(0, 1.0, 1000), job(1, None, 0, state=JobState.FAILED, start=2),
-        job(2, 1.5, 2000, start=4), job(3, 1.1, 2000, start=6),
+        job(0, 1.0, speeds=timed(speed(0.5, 0.45, 0.55), speed(0.5, 0.45, 0.55), speed(0.5, 0.45, 0.55))),
+        job(1, None, state=JobState.FAILED), job(2, 1.5), job(3, 1.1),
     ])
     assert result.verdict.startswith("mixed_float16 + dynamic failed (diverged: Loss was NaN for 10 steps.); "
-                                     "mixed_float16 + none ends +50% from float32's loss at 2× speed;")
-    assert result.verdict.endswith("No variant matched float32's loss within 2%: keep float32.")
-
-
-def test_accurate_but_slower_says_keep_float32_on_this_device() -> None:
-    result = report([job(0, 1.0, 1000, device="cpu"), job(1, 1.0, 30, start=2, device="cpu"),
-                     job(2, 1.0, 30, start=4, device="cpu"), job(3, 1.0, 60, start=6, device="cpu")])
-    assert "at 0.03× speed (33× slower)" in result.verdict
-    assert result.verdict.endswith("is not faster on cpu: keep float32 on this device, and compare again on one "
-                                   "with float16/bfloat16 hardware.")
-
-
-def test_speed_caveats_for_shared_hosts_and_mixed_devices() -> None:
-    overlapping = report([job(0, 1.0, 1000), job(1, 1.0, 2000), job(2, 1.0, 2000, start=4),
-                          job(3, 1.0, 2000, start=6)])
-    assert overlapping.verdict.endswith("some variants trained at the same time and shared the machine.")
-    apart = report([job(0, 1.0, 1000), job(1, 1.0, 2000, host="b"), job(2, 1.0, 2000, start=4),
-                    job(3, 1.0, 2000, start=6)])
-    assert "shared the machine" not in apart.verdict
-    mixed = report([job(0, 1.0, 1000, device="cpu"), job(1, 1.0, 2000, start=2), job(2, 1.0, 2000, start=4),
-                    job(3, 1.0, 2000, start=6)])
-    assert mixed.verdict.endswith("Speeds are not comparable: the variants ran on different devices (cpu, gpu).")
-
-
-def test_too_few_steps_recommend_nothing_for_speed() -> None:
-    short = ComparisonSpec.model_validate({"spec": {"model": {"name": "mlp"}, "training": {"steps": 20}}})
-    jobs = [job(0, 1.0, 1000), job(1, 1.0, 3000, start=2), job(2, 1.0, 3000, start=4), job(3, 1.0, 3000, start=6)]
-    result = comparisons.build("c1", None, "2026-12-01T00:00:00+00:00", short, jobs)
-    assert "Use " not in result.verdict
-    assert result.verdict.endswith("20 steps are too few to judge speed; run at least 100 before choosing a "
-                                   "precision for speed.")
+                                     "mixed_float16 + none ends +50% from float32's loss, 2.00× faster than float32")
+    assert "No variant matched float32's loss within 2%: keep float32." in result.verdict
 
 
 def test_running_comparison_reports_progress() -> None:
-    result = report([job(0, 1.0, 1000), job(1, None, 0, state=JobState.RUNNING), job(2, 1.0, 1), job(3, 1.0, 1)])
+    result = report([job(0, 1.0), job(1, None, state=JobState.RUNNING), job(2, 1.0), job(3, 1.0)])
     assert result.state == "running"
     assert result.verdict == "3 of 4 variants finished; the verdict comes when all have."
 
 
-def test_the_cli_table_shows_the_gaps_the_verdict_words() -> None:
+def test_the_cli_table_shows_the_gaps_and_speeds_the_verdict_words() -> None:
     from app.cli import comparison_report
 
-    result = report([job(0, 1.0, 1000), job(1, 1.00053, 2000, start=2), job(2, 1.0 - 3.9e-9, 1300, start=4),
-                     job(3, 1.0, 2000, start=6)])
-    assert "mixed_float16 + dynamic matches float32 within 0.053% at 2× speed" in result.verdict
+    speeds = timed(speed(0.5, 0.45, 0.55), speed(1.01, 0.93, 1.06), speed(25.0, 23.8, 26.7))
+    result = report([job(0, 1.0, speeds=speeds), job(1, 1.00053, 2000), job(2, 1.0 - 3.9e-9, 1300),
+                     job(3, 1.0, 2000)])
+    assert f"mixed_float16 + dynamic matches float32 within {percent(0.00053)}" in result.verdict
     rows = [line.split("  ") for line in comparison_report(result.model_dump(mode="json")).splitlines()[2:6]]
     cells = [[cell.strip() for cell in row if cell.strip()] for row in rows]
-    # VARIANT, STATE, STEP, FINAL LOSS, VS FLOAT32, EXAMPLES/S, SPEEDUP, SKIPPED, ZERO GRADS, EXCESS ZEROS, ...
+    # VARIANT, STATE, STEP, FINAL LOSS, VS FLOAT32, THROUGHPUT EX/S, STEP TIME VS FLOAT32, SKIPPED, ZERO GRADS, ...
     assert [c[3:10] for c in cells] == [
-        ["1", "0%", "1,000", "1.00×", "0", "1%", "1%"],
-        ["1.001", "+0.053%", "2,000", "2.00×", "0", "1%", "1%"],
-        ["1", "-0.00000039%", "1,300", "1.30×", "0", "1%", "1%"],
-        ["1", "0%", "2,000", "2.00×", "0", "1%", "1%"],
+        ["1", "0%", "1,000", "1 (baseline)", "0", "1%", "1%"],
+        ["1.001", "+0.053%", "2,000", "0.50× (0.45–0.55)", "0", "1%", "1%"],
+        ["1", "-0.00000039%", "1,300", "1.01× (0.93–1.06)", "0", "1%", "1%"],
+        ["1", "0%", "2,000", "25.00× (23.80–26.70)", "0", "1%", "1%"],
     ]

@@ -1,4 +1,4 @@
-"""One number, one text: the CLI's formats (app/cli/formats.py) and the dashboard's (app/static/js/dom.js)
+"""One number, one text: the CLI's formats (app/formats.py) and the dashboard's (app/static/js/dom.js)
 give the same text for the same values. The JavaScript runs in the headless Chromium the dashboard test uses."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
 
-from app import comparisons
-from app.cli.formats import number, percent, rate, ratio
+from app.formats import number, percent, rate, ratio, speed_words
 from tests.browser import headless_chromium
 from tests.stack import ROOT
 
@@ -26,6 +25,8 @@ NUMBERS = [0.0, 2.58149, -2.58149, 0.000123456, 0.00099996, 0.001, 999999.6, 123
            1e-9, 1.25, 0.3, 1e30, 4.0e12]
 RATES = [0.0, 0.8125, 3.14159, 42.46, 99.96, 99.4, 100.0, 1234.5, 14921.7, 2500000.4, 0.000123]
 RATIOS = [1.0, 1.3, 0.05, 0.0456, 0.0949, 0.0996, 2.4, 1.125, 0.001234, 12.3456]
+SPEEDS = [(4.2, 3.9, 4.5, "slower"), (0.5, 0.4, 0.625, "faster"), (1.04, 0.97, 1.11, "none"),
+          (25.8, 23.8, 26.7, "slower"), (0.125, 0.1, 0.15, "faster"), (1.005, 0.995, 1.015, "none")]
 
 
 def test_percent_keeps_two_significant_digits_and_never_reads_zero_or_all_for_a_value_that_is_not() -> None:
@@ -44,11 +45,12 @@ def test_numbers_rates_and_speedups() -> None:
                                                                        "0.0012×"]
 
 
-@pytest.mark.parametrize("share", [0.00053, -0.00053, 0.008, -0.0123, 0.0996, 0.4, -0.25, 1.5, 3.9e-06, -0.0421])
-def test_percent_reads_as_the_verdict_does(share: float) -> None:
-    """The verdict (app/comparisons.py) words the gaps the table shows: the same text, ties and zero aside."""
-    assert percent(share, sign=True) == comparisons._percent(share, sign=True)
-    assert percent(abs(share)) == comparisons._percent(abs(share))
+def test_speed_words_state_the_measurements_call_and_interval() -> None:
+    assert speed_words(4.2, 3.9, 4.5, "slower") == "4.20× slower than float32 (3.90–4.50×)"
+    assert speed_words(0.5, 0.4, 0.625, "faster") == "2.00× faster than float32 (1.60–2.50×)"
+    # The call is the measurement's: a median of 1.04 inside the noise reads as no difference, with its figures.
+    assert speed_words(1.04, 0.97, 1.11, "none") == \
+        "no measurable speed difference from float32 (step time 0.97–1.11× float32's)"
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +90,9 @@ def test_the_dashboard_shows_every_value_as_the_cli_does(static_server: str, bro
           number6: tables.numbers.map((v) => dom.fmtNumber(v, 6)),
           rate: tables.rates.map((v) => dom.fmtRate(v)),
           ratio: tables.ratios.map((v) => dom.fmtRatio(v)),
+          speed: tables.speeds.map((v) => dom.fmtSpeed(...v)),
         }), (error) => done({ error: String(error) }));
-    """, {"shares": SHARES, "numbers": NUMBERS, "rates": RATES, "ratios": RATIOS})
+    """, {"shares": SHARES, "numbers": NUMBERS, "rates": RATES, "ratios": RATIOS, "speeds": SPEEDS})
     assert shown == {
         "percent": [percent(v) for v in SHARES],
         "signed": [percent(v, sign=True) for v in SHARES],
@@ -98,4 +101,5 @@ def test_the_dashboard_shows_every_value_as_the_cli_does(static_server: str, bro
         "number6": [number(v, 6) for v in NUMBERS],
         "rate": [rate(v) for v in RATES],
         "ratio": [ratio(v) for v in RATIOS],
+        "speed": [speed_words(*v) for v in SPEEDS],
     }

@@ -20,7 +20,7 @@ import pytest
 
 from app.cli import Api, CliError, Exit, build_parser, comparison_report, main, summary_lines
 from app.cli.commands import cmd_compare
-from app.cli.formats import number
+from app.formats import number
 from app.schemas import ComparisonSpec, StepRecord
 from tests.stack import ROOT, Stack, free_port, wait_until
 

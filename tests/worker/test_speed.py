@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
+from typing import Any
 
+import keras
 import numpy as np
 import pytest
 
 from app.cli.words import precision_speed_words
 from app.config import Settings
-from app.schemas import JobSpec, PrecisionSpeed
+from app.errors import UnsupportedPrecision
+from app.formats import speed_words
+from app.schemas import JobSpec, PrecisionPolicy, PrecisionSpeed, Variant, speed_difference
 from tests.worker.conftest import Train, spec_of, trained_weights
 from worker import engine
+from worker import speed as speed_module
 from worker.devices import CPU_HALF_FLAGS, SLOW_RATIO, DeviceInfo, slow_precision_message
 from worker.engine import make_optimizer
-from worker.speed import ROUNDS, float32_twin, measure
+from worker.speed import ROUNDS, float32_twin, measure, measure_all, variant_spec
 
 CPU = DeviceInfo("cpu", "Test CPU", "tensorflow", None, frozenset({"avx2", "avx512_bf16"}))
 
@@ -29,6 +35,17 @@ def slow_diagnosis(result: engine.RunResult) -> list[str]:
     return [d.message for d in result.summary.diagnoses if d.code == "slow_precision_on_device"]
 
 
+def expected_difference(speed: PrecisionSpeed) -> str:
+    """The rule of docs/numerics.md, restated: beyond 1 and the A/A quartiles, or no measurable difference."""
+    assert speed.low is not None and speed.high is not None
+    assert speed.noise_low is not None and speed.noise_high is not None
+    if speed.low > max(1.0, speed.noise_high):
+        return "slower"
+    if speed.high < min(1.0, speed.noise_low):
+        return "faster"
+    return "none"
+
+
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_a_half_precision_job_on_cpu_ends_with_its_speed_against_float32(
         train: Train, checked: Settings, tmp_path: Path, policy: str) -> None:
@@ -36,11 +53,16 @@ def test_a_half_precision_job_on_cpu_ends_with_its_speed_against_float32(
     result, _ = train(spec, settings=checked)
     speed = result.summary.precision_speed
     assert result.status == "succeeded" and result.device.kind == "cpu" and speed is not None
-    assert speed.steps == 2 * ROUNDS and speed.policy_ms > 0 and speed.float32_ms > 0
-    assert speed.slowdown == pytest.approx(speed.policy_ms / speed.float32_ms)
-    # The diagnosis follows the measurement, whichever way this processor goes.
+    assert speed.rounds == checked.speed_check_rounds and speed.steps == checked.speed_check_rounds
+    assert speed.policy_ms > 0 and speed.float32_ms > 0
+    assert speed.low is not None and speed.high is not None and speed.low <= speed.slowdown <= speed.high
+    assert speed.difference == expected_difference(speed)
+    # The diagnosis follows the measurement, whichever way this processor goes: only a whole
+    # interval beyond the threshold earns it.
     expected = slow_precision_message(result.device, spec.precision_policy.compute_dtype, policy, speed)
-    assert slow_diagnosis(result) == ([expected] if speed.slowdown >= SLOW_RATIO else [])
+    fires = speed.difference == "slower" and speed.low >= SLOW_RATIO
+    assert (expected is not None) == fires
+    assert slow_diagnosis(result) == ([expected] if fires else [])
     # The copies it timed are thrown away: the job's own weights are those of a run without the check.
     unchecked, _ = train(spec)
     assert unchecked.summary.precision_speed is None and not slow_diagnosis(unchecked)
@@ -51,15 +73,20 @@ def test_a_half_precision_job_on_cpu_ends_with_its_speed_against_float32(
 def test_a_short_run_gets_a_short_check(train: Train, checked: Settings) -> None:
     """At most about half as many steps as the run trained, and never none: 3 steps get 1 per round."""
     result, _ = train(spec_of(precision_policy="mixed_bfloat16", training={"steps": 3}), settings=checked)
-    assert result.summary.precision_speed is not None and result.summary.precision_speed.steps == ROUNDS
+    speed = result.summary.precision_speed
+    assert speed is not None and speed.steps == speed.rounds == checked.speed_check_rounds
 
 
 def test_float32_jobs_and_stopped_jobs_are_not_timed(train: Train, checked: Settings) -> None:
     result, _ = train(spec_of(training={"steps": 4}), settings=checked)
-    assert result.summary.precision_speed is None
+    assert result.summary.precision_speed is None and result.summary.variant_speeds == []
     stopped, _ = train(spec_of(precision_policy="mixed_float16", training={"steps": 4}), settings=checked,
                        should_stop=lambda: True)
     assert stopped.status == "stopped" and stopped.summary.precision_speed is None
+    # A comparison's variant job leaves its speed to the baseline's one measurement.
+    variant, _ = train(spec_of(precision_policy="mixed_bfloat16", training={"steps": 4}, speed_check=[]),
+                       settings=checked)
+    assert variant.summary.precision_speed is None and variant.summary.variant_speeds == []
 
 
 def test_a_failed_speed_check_leaves_the_job_succeeded_without_a_figure(
@@ -67,11 +94,32 @@ def test_a_failed_speed_check_leaves_the_job_succeeded_without_a_figure(
     def broken(*args: object, **kwargs: object) -> PrecisionSpeed:
         raise MemoryError("no room for two more copies of the model")
 
-    monkeypatch.setattr(engine, "measure_speed", broken)
+    monkeypatch.setattr(engine, "measure_all", broken)
     with caplog.at_level(logging.WARNING, logger="worker.engine"):
         result, _ = train(spec_of(precision_policy="mixed_float16", training={"steps": 4}), settings=checked)
     assert result.status == "succeeded" and result.summary.precision_speed is None
     assert "speed check failed" in caplog.text and "MemoryError" in caplog.text
+
+
+def test_a_comparison_baseline_times_every_variant_in_one_measurement(train: Train, checked: Settings) -> None:
+    variants = [{"precision_policy": "mixed_float16"}, {"precision_policy": "mixed_bfloat16"},
+                {"precision_policy": "mixed_float16", "loss_scale": "none"}]
+    result, _ = train(spec_of(training={"steps": 8}, speed_check=variants), settings=checked)
+    speeds = result.summary.variant_speeds
+    assert result.summary.precision_speed is None
+    assert [s.label for s in speeds] == ["mixed_float16 + dynamic", "mixed_bfloat16", "mixed_float16 + none"]
+    float32_ms = {s.speed.float32_ms for s in speeds if s.speed}
+    noise = {(s.speed.noise_low, s.speed.noise_high) for s in speeds if s.speed}
+    assert len(float32_ms) == 1 and len(noise) == 1, "one float32 reference and one A/A pair for all"
+    for s in speeds:
+        assert s.speed is not None and s.error is None
+        assert s.speed.rounds == checked.speed_check_rounds and s.speed.difference == expected_difference(s.speed)
+        assert (s.slow_precision is not None) == (s.speed.difference == "slower" and s.speed.interval[0] >= SLOW_RATIO)
+
+
+def mlp_batches(spec: JobSpec, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.default_rng(0).standard_normal((steps * spec.training.batch_size, 784)).astype("float32")
+    return x, np.zeros(len(x), dtype="int64")
 
 
 def cnn_batches(spec: JobSpec, steps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -79,12 +127,66 @@ def cnn_batches(spec: JobSpec, steps: int) -> tuple[np.ndarray, np.ndarray]:
     return x, np.zeros(len(x), dtype="int64")
 
 
-def test_float32_against_float32_measures_the_same_speed() -> None:
-    """An A/A run: both sides built, warmed and timed alike, so the ratio is 1 within this VM's noise."""
+def test_float32_against_float32_shows_no_measurable_difference() -> None:
+    """An A/A run: a float32 side timed like a policy is within the noise of the A/A pair."""
     spec = float32_twin(spec_of(model={"name": "cnn"}, training={"steps": 4}))
-    speed = measure(spec, *cnn_batches(spec, 4), on_cpu_tf=True, make_optimizer=make_optimizer)
-    assert speed is not None and speed.steps == 4 * ROUNDS
-    assert 0.67 < speed.slowdown < 1.5, speed
+    speed = measure(spec, *cnn_batches(spec, 2), on_cpu_tf=True, make_optimizer=make_optimizer)
+    assert speed is not None and speed.steps == 2 * ROUNDS and speed.rounds == ROUNDS
+    assert speed.difference == expected_difference(speed) == "none", speed
+
+
+class Delay(keras.callbacks.Callback):
+    """A test hook: every step of one side takes `seconds` longer, as a truly slower policy would."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        time.sleep(self.seconds)
+
+
+def test_a_truly_slower_policy_is_called_slower_with_an_interval_that_excludes_1(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    original = speed_module._Side.__init__
+
+    def with_delay(self: speed_module._Side, spec: JobSpec, *args: Any) -> None:
+        original(self, spec, *args)
+        if spec.precision_policy.value == "mixed_bfloat16":
+            self.callbacks.insert(0, Delay(0.01))  # before the clock: inside the timed step
+
+    monkeypatch.setattr(speed_module._Side, "__init__", with_delay)
+    base = spec_of(training={"steps": 4})
+    specs = [variant_spec(base, Variant(precision_policy=p)) for p in (PrecisionPolicy.MIXED_BFLOAT16,
+                                                                      PrecisionPolicy.FLOAT32)]
+    timed = measure_all(specs, *mlp_batches(base, 2), on_cpu_tf=True, make_optimizer=make_optimizer)
+    assert timed is not None
+    slowed, same = (t.speed for t in timed)
+    assert slowed is not None and same is not None
+    assert slowed.difference == "slower" and slowed.interval[0] > 1.0 and slowed.interval[0] > (slowed.noise_high or 0)
+    # 10 ms on top of a step of about a millisecond or more: the policy's median step grew by about that.
+    assert slowed.policy_ms - slowed.float32_ms == pytest.approx(10, abs=5)
+    assert same.difference == "none", same
+    assert "slower than float32" in speed_words(slowed.slowdown, *slowed.interval, slowed.difference)
+
+
+def test_a_policy_that_cannot_train_here_is_named_and_the_rest_are_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = speed_module.build_model
+
+    def refuse_float16(spec: JobSpec, **kwargs: Any) -> Any:
+        if spec.precision_policy.value == "float16":
+            raise UnsupportedPrecision("no float16 kernel for this op here")
+        return original(spec, **kwargs)
+
+    monkeypatch.setattr(speed_module, "build_model", refuse_float16)
+    base = spec_of(training={"steps": 4})
+    specs = [variant_spec(base, Variant(precision_policy=p)) for p in (PrecisionPolicy.FLOAT16,
+                                                                      PrecisionPolicy.MIXED_BFLOAT16)]
+    timed = measure_all(specs, *mlp_batches(base, 1), on_cpu_tf=True, make_optimizer=make_optimizer, rounds=3)
+    assert timed is not None
+    assert timed[0].speed is None
+    assert timed[0].error == "unsupported_precision_on_device: no float16 kernel for this op here"
+    assert timed[1].speed is not None and timed[1].error is None and timed[1].speed.rounds == 3
 
 
 def test_a_stop_during_the_check_abandons_it() -> None:
@@ -92,12 +194,12 @@ def test_a_stop_during_the_check_abandons_it() -> None:
     spec = spec_of(model={"name": "cnn"}, precision_policy="mixed_bfloat16", training={"steps": 4})
     asked: list[int] = []
 
-    def after_warm_up() -> bool:
+    def after_two_pieces() -> bool:
         asked.append(1)
-        return len(asked) > 2  # the two warm-up pieces run, the first timed one does not
+        return len(asked) > 2  # two timed pieces run, the third does not
 
     assert measure(spec, *cnn_batches(spec, 2), on_cpu_tf=True, make_optimizer=make_optimizer,
-                   should_stop=after_warm_up) is None
+                   should_stop=after_two_pieces) is None
     assert len(asked) == 3
 
 
@@ -110,17 +212,30 @@ def test_the_float32_twin_changes_only_the_precision() -> None:
     assert twin.model == spec.model and twin.training == spec.training and twin.dataset == spec.dataset
 
 
+def timed(policy_ms: float, float32_ms: float, low: float, high: float, noise: tuple[float, float] = (0.97, 1.04),
+          ) -> PrecisionSpeed:
+    slowdown = policy_ms / float32_ms
+    return PrecisionSpeed(policy_ms=policy_ms, float32_ms=float32_ms, slowdown=slowdown, steps=36, low=low,
+                          high=high, noise_low=noise[0], noise_high=noise[1], rounds=9,
+                          difference=speed_difference(low, high, *noise))
+
+
 def test_the_slow_precision_message_gives_the_measured_figures() -> None:
-    speed = PrecisionSpeed(policy_ms=92.1, float32_ms=16.2, slowdown=92.1 / 16.2, steps=12)
+    speed = timed(92.1, 16.2, 5.1, 6.3)
     message = slow_precision_message(CPU, "float16", "mixed_float16", speed)
     assert message is not None
-    assert "took 92.1 ms under mixed_float16 against 16.2 ms in float32: 5.7x slower" in message
-    assert "median of 12 steps each" in message and "Test CPU; it has avx512_bf16" in message
+    assert "took 92.1 ms under mixed_float16 against 16.2 ms in float32: 5.69× slower than float32 (5.10–6.30×)" \
+        in message
+    assert "the quartiles of 9 rounds" in message and "float32 against itself: 0.97–1.04×" in message
+    assert "Test CPU; it has avx512_bf16" in message
     bare = DeviceInfo("cpu", "Old CPU", "tensorflow")
     assert f"it has none of {', '.join(CPU_HALF_FLAGS)}" in (slow_precision_message(bare, "float16", "p", speed) or "")
-    # Below the threshold, or not measured, a CPU earns no diagnosis: nothing is claimed unmeasured.
-    near = PrecisionSpeed(policy_ms=1.4, float32_ms=1.0, slowdown=1.4, steps=12)
-    assert slow_precision_message(CPU, "float16", "mixed_float16", near) is None
+    # Only a whole interval beyond the threshold earns it: a median above 1.5 is not enough.
+    straddles = timed(16.2 * 1.6, 16.2, 1.3, 1.9)
+    assert straddles.difference == "slower" and slow_precision_message(CPU, "float16", "mixed_float16",
+                                                                       straddles) is None
+    noisy = timed(16.2 * 1.8, 16.2, 1.6, 2.0, noise=(0.5, 2.1))  # beyond 1.5 but inside this machine's noise
+    assert noisy.difference == "none" and slow_precision_message(CPU, "float16", "mixed_float16", noisy) is None
     assert slow_precision_message(CPU, "float16", "mixed_float16", None) is None
     assert slow_precision_message(CPU, "float32", "float32", speed) is None
 
@@ -134,12 +249,13 @@ def test_a_gpu_is_judged_by_its_compute_capability() -> None:
     assert "8.0 or newer" in (slow_precision_message(volta, "bfloat16", "mixed_bfloat16") or "")
 
 
-@pytest.mark.parametrize(("ratio", "words"), [
-    (5.68, "5.7x slower than float32 on this CPU (92.1 ms against 16.2 ms per step, median of 12 steps each)"),
-    (1.02, "about float32's speed on this CPU"),
-    (0.5, "2x faster than float32 on this CPU"),
+@pytest.mark.parametrize(("low", "high", "words"), [
+    (5.1, 6.3, "5.69× slower than float32 (5.10–6.30×) (92.1 ms against 16.2 ms per step, quartiles of 9 rounds; "
+               "float32 against itself 0.97–1.04×)"),
+    (0.9, 1.06, "no measurable speed difference from float32 (step time 0.90–1.06× float32's)"),
+    (0.45, 0.55, "2.00× faster than float32 (1.82–2.22×)"),
 ])
-def test_the_cli_says_the_speed_in_words(ratio: float, words: str) -> None:
-    ps = {"policy_ms": 92.1 if ratio > 5 else ratio, "float32_ms": 16.2 if ratio > 5 else 1.0,
-          "slowdown": ratio, "steps": 12}
-    assert precision_speed_words(ps).startswith(words)
+def test_the_cli_says_the_speed_in_words(low: float, high: float, words: str) -> None:
+    median = (low + high) / 2 if high < 5 else 92.1 / 16.2
+    speed = timed(median * 16.2, 16.2, low, high)
+    assert precision_speed_words(speed.model_dump(mode="json")).startswith(words)

@@ -2,6 +2,7 @@
 
 import { api } from "./api.js";
 import { OverlayChart } from "./charts.js";
+import { precisionSpeedText } from "./job.js";
 import {
   TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtRate, fmtRatio, fmtTime, h, poll, progressBar, stateBadge,
 } from "./dom.js";
@@ -38,6 +39,21 @@ export function comparisonsView(root) {
   }, POLL_MS);
 }
 
+// Mirrors app/cli/words.py _speed_cell: the baseline job's measurement, median (quartiles).
+function speedCell(v) {
+  if (v.baseline) return "1 (baseline)";
+  const ps = v.speed;
+  if (!ps) return v.speed_error ? "not timed" : "–";
+  const low = ps.low ?? ps.slowdown;
+  const high = ps.high ?? ps.slowdown;
+  return `${fmtRatio(ps.slowdown)} (${fmtRatio(low).slice(0, -1)}–${fmtRatio(high).slice(0, -1)})`;
+}
+
+function speedTitle(v) {
+  if (v.speed) return precisionSpeedText(v.speed);
+  return v.speed_error ?? "";
+}
+
 function variantRow(v) {
   const diagnoses = v.diagnoses ?? [];
   return h("tr", { "data-testid": "variant-row", "data-job-id": v.job_id, "data-state": v.state },
@@ -48,7 +64,7 @@ function variantRow(v) {
     h("td", { class: "num" }, fmtNumber(v.final_loss)),
     h("td", { class: "num" }, fmtPercent(v.loss_gap, true)),
     h("td", { class: "num" }, fmtRate(v.examples_per_sec)),
-    h("td", { class: "num" }, fmtRatio(v.speedup)),
+    h("td", { class: "num", "data-testid": "speed", title: speedTitle(v) }, speedCell(v)),
     h("td", { class: "num" }, v.skipped_steps ?? "–"),
     h("td", { class: "num" }, fmtPercent(v.peak_zero_grad_fraction)),
     h("td", { class: "num" }, fmtPercent(v.peak_excess_zero_fraction)),
@@ -72,7 +88,8 @@ export function comparisonView(root, comparisonId) {
   const page = h("article", { class: "panel", "data-testid": "comparison-page", "data-comparison-id": comparisonId },
     h("div", { class: "title-row" }, title, cancelButton), specLine, verdict, problem,
     h("div", { class: "table-wrap" }, h("table", { class: "variants", "data-testid": "variants" },
-      h("thead", {}, h("tr", {}, ["Variant", "State", "Final loss", "Gap vs float32", "Examples/s", "Speedup",
+      h("thead", {}, h("tr", {}, ["Variant", "State", "Final loss", "Gap vs float32", "Throughput (ex/s)",
+        "Step time vs float32",
         "Skipped steps", "Peak zero-grad", "Excess zeros vs float32", "Diagnoses"].map((t) => h("th", { scope: "col" }, t)))),
       body)),
     h("h2", {}, "Loss curves"),

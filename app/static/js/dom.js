@@ -27,7 +27,7 @@ export function errorBanner(error) {
   return h("p", { class: "banner error", role: "alert" }, error.message || String(error));
 }
 
-// Numbers as the CLI shows them too: each fmt* below has a twin in app/cli/formats.py, and
+// Numbers as the CLI shows them too: each fmt* below has a twin in app/formats.py, and
 // tests/app/test_formatting.py checks that both give the same text for the same values.
 // toExponential and toFixed round the exact binary value, ties away from zero; so does the CLI.
 
@@ -86,6 +86,17 @@ export function fmtRatio(value) {
   if (value === null || value === undefined) return "–";
   const fixed = value.toFixed(2);
   return `${Math.abs(Number(fixed)) >= 0.1 || value === 0 ? fixed : significant(value, 2)}×`;
+}
+
+// A measured speed against float32 in words, with its interval: twin of app/formats.py speed_words.
+// `slowdown` is step time over float32's; `difference` is the measurement's own call, never re-judged here.
+export function fmtSpeed(slowdown, low, high, difference) {
+  const bare = (v) => fmtRatio(v).slice(0, -1);
+  if (difference === "slower") return `${fmtRatio(slowdown)} slower than float32 (${bare(low)}–${fmtRatio(high)})`;
+  if (difference === "faster") {
+    return `${fmtRatio(1 / slowdown)} faster than float32 (${bare(1 / high)}–${fmtRatio(1 / low)})`;
+  }
+  return `no measurable speed difference from float32 (step time ${bare(low)}–${fmtRatio(high)} float32's)`;
 }
 
 export function fmtTime(iso) {

@@ -3,7 +3,8 @@
 import { api, followMetrics } from "./api.js";
 import { JobCharts } from "./charts.js";
 import {
-  TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtRate, fmtTime, h, lossScaleText, poll, progressBar, stateBadge,
+  TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtRate, fmtRatio, fmtSpeed, fmtTime, h, lossScaleText, poll,
+  progressBar, stateBadge,
 } from "./dom.js";
 
 const POLL_MS = 2000;
@@ -25,21 +26,23 @@ function summaryList(summary) {
       ["Peak gradient error vs float32", fmtNumber(summary.peak_grad_rel_error, 2)],
     ] : []),
     ...(summary.float32_check_error ? [["Float32 check", summary.float32_check_error]] : []),
-    ["Mean examples/s", fmtRate(summary.mean_examples_per_sec)],
+    ["Throughput (examples/s)", fmtRate(summary.mean_examples_per_sec)],
   ];
   const ps = summary.precision_speed;
-  if (ps) rows.push(["Speed against float32 (this CPU)", precisionSpeedText(ps)]);
+  if (ps) rows.push(["Step time against float32 (this CPU)", precisionSpeedText(ps)]);
   return h("dl", { class: "summary", "data-testid": "summary" },
     rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))]));
 }
 
-// Mirrors app/cli/words.py precision_speed_words: within 5% is noise, not a difference.
-function precisionSpeedText(ps) {
-  const r = ps.slowdown;
-  const how = r > 1 / 1.05 && r < 1.05 ? "about float32's speed"
-    : r > 1 ? `${fmtNumber(r, 2)}× slower` : `${fmtNumber(1 / r, 2)}× faster`;
-  return `${how} (${fmtNumber(ps.policy_ms, 3)} ms against ${fmtNumber(ps.float32_ms, 3)} ms per step, ` +
-    `median of ${ps.steps} steps each)`;
+// Mirrors app/cli/words.py precision_speed_words.
+export function precisionSpeedText(ps) {
+  const low = ps.low ?? ps.slowdown;
+  const high = ps.high ?? ps.slowdown;
+  const rounds = ps.rounds ? `, quartiles of ${ps.rounds} rounds` : "";
+  const noise = ps.noise_low != null && ps.noise_high != null
+    ? `; float32 against itself ${fmtRatio(ps.noise_low).slice(0, -1)}–${fmtRatio(ps.noise_high)}` : "";
+  return `${fmtSpeed(ps.slowdown, low, high, ps.difference ?? "none")} ` +
+    `(${fmtNumber(ps.policy_ms, 3)} ms against ${fmtNumber(ps.float32_ms, 3)} ms per step${rounds}${noise})`;
 }
 
 function diagnosesList(summary) {

@@ -84,3 +84,23 @@ def ratio(value: float) -> str:
     """
     fixed = Decimal(value).quantize(Decimal("0.01"), context=_EXACT)
     return f"{fixed if abs(fixed) >= Decimal('0.1') or value == 0 else _positional(_significant(value, 2))}×"
+
+
+def speed_words(slowdown: float, low: float, high: float, difference: str) -> str:
+    """A measured speed against float32 (app.schemas.PrecisionSpeed) with its interval, in words.
+
+    `slowdown` is the policy's step time over float32's; `low`-`high` its interval; `difference`
+    the measurement's own call ("slower", "faster" or "none"), never re-judged from the figures.
+
+    >>> speed_words(4.2, 3.9, 4.5, "slower")
+    '4.20× slower than float32 (3.90–4.50×)'
+    >>> speed_words(0.5, 0.4, 0.625, "faster")
+    '2.00× faster than float32 (1.60–2.50×)'
+    >>> speed_words(1.01, 0.95, 1.06, "none")
+    "no measurable speed difference from float32 (step time 0.95–1.06× float32's)"
+    """
+    if difference == "slower":
+        return f"{ratio(slowdown)} slower than float32 ({ratio(low)[:-1]}–{ratio(high)})"
+    if difference == "faster":
+        return f"{ratio(1 / slowdown)} faster than float32 ({ratio(1 / high)[:-1]}–{ratio(1 / low)})"
+    return f"no measurable speed difference from float32 (step time {ratio(low)[:-1]}–{ratio(high)} float32's)"

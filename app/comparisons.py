@@ -144,6 +144,6 @@ def verdict(results: list[VariantResult], base_job: Job, tolerance: float) -> st
     else:
         text += f" No variant matched float32's loss within {tolerance:.0%}: keep float32."
     if base_job.summary and base_job.summary.variant_speeds:
-        text += (f" Speeds: each variant's step time against float32's, timed in turns on {device} after the "
-                 "float32 run; the interval is the quartiles of the per-round ratios.")
+        text += (" Speeds: step time against float32's, every variant timed in turns in one process after the "
+                 "float32 run; intervals are the quartiles of the per-round ratios.")
     return text

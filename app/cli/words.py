@@ -96,13 +96,13 @@ def _or_dash(value: Any, show: Callable[[float], str], dash: str = "-") -> str:
     return dash if value is None else show(value)
 
 
-def _speed_cell(v: dict[str, Any]) -> str:
+def speed_cell(v: dict[str, Any], dash: str = "-") -> str:
     """A variant's measured step time against float32's: median (quartiles), or why there is none."""
     if v.get("baseline"):
         return "1 (baseline)"
     ps = v.get("speed")
     if not ps:
-        return "not timed" if v.get("speed_error") else "-"
+        return "not timed" if v.get("speed_error") else dash
     low = ps["slowdown"] if ps.get("low") is None else ps["low"]
     high = ps["slowdown"] if ps.get("high") is None else ps["high"]
     return f"{ratio(ps['slowdown'])} ({ratio(low)[:-1]}–{ratio(high)[:-1]})"
@@ -115,7 +115,7 @@ def comparison_report(c: dict[str, Any]) -> str:
             v["label"] + (" (baseline)" if v.get("baseline") else ""), v["state"],
             f"{v['progress']['step']}/{v['progress']['total_steps']}", _or_dash(v.get("final_loss"), number),
             _or_dash(v.get("loss_gap"), lambda gap: percent(gap, sign=True)),
-            _or_dash(v.get("examples_per_sec"), rate), _speed_cell(v),
+            _or_dash(v.get("examples_per_sec"), rate), speed_cell(v),
             _or_dash(v.get("skipped_steps"), str), _or_dash(v.get("peak_zero_grad_fraction"), percent),
             _or_dash(v.get("peak_excess_zero_fraction"), percent),
             ",".join(d["code"] for d in v.get("diagnoses") or []) or "-", v["job_id"]])

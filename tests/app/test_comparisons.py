@@ -74,8 +74,8 @@ def test_gaps_measured_speeds_and_a_recommendation() -> None:
         "mixed_float16 + none: without loss scaling gradients underflow (up to 100% of gradient values zero that are "
         "not zero in float32), and its loss ends +40% from float32's; "
         "mixed_bfloat16 matches float32 within 1.2%, 2.38× faster than float32 (2.27–2.50×). Use mixed_bfloat16. "
-        "Speeds: each variant's step time against float32's, timed in turns on cpu after the float32 run; the "
-        "interval is the quartiles of the per-round ratios.")
+        "Speeds: step time against float32's, every variant timed in turns in one process after the float32 run; "
+        "intervals are the quartiles of the per-round ratios.")
 
 
 def test_variants_not_measurably_slower_than_the_fastest_tie_and_the_safest_wins() -> None:
@@ -119,7 +119,7 @@ def test_a_slower_variant_gets_its_figure_and_the_slow_precision_diagnosis() -> 
     slow = [d for d in by_label["mixed_float16 + dynamic"].diagnoses if d.code == "slow_precision_on_device"]
     assert [d.message for d in slow] == [message]
     assert not [d for d in by_label["mixed_bfloat16"].diagnoses if d.code == "slow_precision_on_device"]
-    assert result.verdict.endswith("the interval is the quartiles of the per-round ratios.")
+    assert result.verdict.endswith("intervals are the quartiles of the per-round ratios.")
     assert "keep float32 on this device" in result.verdict
 
 

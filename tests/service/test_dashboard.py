@@ -18,7 +18,8 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.wait import WebDriverWait
 
-from app.formats import number, percent, rate, ratio
+from app.cli.words import precision_speed_words, speed_cell
+from app.formats import number, percent, rate
 from tests.browser import headless_chromium
 from tests.stack import ROOT, Stack, private_stack
 
@@ -257,9 +258,9 @@ def test_a_job_from_the_form_charts_live_and_its_stream_survives_an_api_restart(
     # mixed_float16 on this CPU: the summary ends with the run's speed check against float32.
     ps = done["summary"]["precision_speed"]
     assert ps is not None
-    wait_for(browser, lambda d: "Speed against float32 (this CPU)" in text_of(d, "summary"), 10,
+    wait_for(browser, lambda d: "Step time against float32 (this CPU)" in text_of(d, "summary"), 10,
              "the speed check in the summary")
-    assert f"median of {ps['steps']} steps each" in text_of(browser, "summary")
+    assert precision_speed_words(ps) in text_of(browser, "summary")
     diagnoses = by_testid(browser, "diagnoses").text
     for diagnosis in done["summary"]["diagnoses"]:
         assert diagnosis["message"] in diagnoses
@@ -347,7 +348,7 @@ def test_compare_precisions_shows_the_verdict_table_and_overlaid_losses(
     cells = browser.execute_script("""return [...document.querySelectorAll('[data-testid="variant-row"]')]
         .map((row) => [...row.querySelectorAll("td.num")].map((td) => td.innerText));""")
     assert cells == [[or_dash(v["final_loss"], number), or_dash(v["loss_gap"], lambda gap: percent(gap, sign=True)),
-                      or_dash(v["examples_per_sec"], rate), or_dash(v["speedup"], ratio),
+                      or_dash(v["examples_per_sec"], rate), speed_cell(v, dash="–"),
                       or_dash(v["skipped_steps"], str), or_dash(v["peak_zero_grad_fraction"], percent),
                       or_dash(v["peak_excess_zero_fraction"], percent)] for v in comparison["variants"]]
     screenshot(browser, "dashboard-comparison.png")

@@ -39,7 +39,7 @@ export function comparisonsView(root) {
   }, POLL_MS);
 }
 
-// Mirrors app/cli/words.py _speed_cell: the baseline job's measurement, median (quartiles).
+// Mirrors app/cli/words.py speed_cell: the baseline job's measurement, median (quartiles).
 function speedCell(v) {
   if (v.baseline) return "1 (baseline)";
   const ps = v.speed;

@@ -77,7 +77,7 @@ def rate(value: float) -> str:
 
 
 def ratio(value: float) -> str:
-    """A speedup against float32: two decimals, or two significant digits under 0.1 (never "0.00×").
+    """A ratio to float32 (step time, speed): two decimals, or two significant digits under 0.1 (never "0.00×").
 
     >>> ratio(1.3), ratio(0.0456)
     ('1.30×', '0.046×')

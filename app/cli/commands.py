@@ -154,7 +154,7 @@ def compare_variants(args: argparse.Namespace, spec: dict[str, Any]) -> list[Any
 
 def unused_settings(args: argparse.Namespace, file: dict[str, Any], scaled_sent: bool,
                     labels: list[str]) -> str | None:
-    """SPEC.json's precision_policy and loss_scale that no variant runs, in a line for stderr; None if none.
+    """SPEC.json's precision_policy, loss_scale and speed_check that compare replaces, for stderr; None if none.
 
     `scaled_sent`: the spec's loss scale went on the scaled variant, `labels[SCALED]`.
     """
@@ -165,13 +165,16 @@ def unused_settings(args: argparse.Namespace, file: dict[str, Any], scaled_sent:
     if scale is not None and not scaled_sent:
         shown = scale.get("mode") if isinstance(scale, dict) and set(scale) == {"mode"} else scale
         unused.append(f"loss_scale {shown!r}" if isinstance(shown, str) else f"loss_scale {json.dumps(shown)}")
-    if not unused:
-        return None
+    timing = (" Its speed_check is not used either: the float32 variant times every other one in turns."
+              if file.get("speed_check") is not None else "")
     source = "stdin" if args.spec == "-" else args.spec
+    if not unused:
+        return f"warning: {source}'s speed_check is not used by compare: the float32 variant times every other " \
+               "one in turns." if timing else None
     overridden = bool(_loss_scale_flags(args))  # flags win over the file, as in submit
     where = f"; its loss_scale goes on {labels[SCALED]}" if scale is not None and scaled_sent and not overridden else ""
     return (f"warning: {source}'s {' and '.join(unused)} {'is' if len(unused) == 1 else 'are'} not used by compare: "
-            f"each variant sets its own ({', '.join(labels)}){where}.")
+            f"each variant sets its own ({', '.join(labels)}){where}.{timing}")
 
 
 def cmd_compare(api: Api, args: argparse.Namespace) -> int:

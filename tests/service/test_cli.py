@@ -309,6 +309,14 @@ def fake_api(posted: list[dict[str, Any]]) -> Api:
     ({"loss_scale": {"mode": "dynamic", "initial_scale": 1024}}, ["float32", "mixed_bfloat16"],
      "SPEC.json's loss_scale {\"mode\": \"dynamic\", \"initial_scale\": 1024} is not used by compare: each variant "
      "sets its own (float32, mixed_bfloat16)."),
+    ({"speed_check": []}, ["float32", "mixed_bfloat16"],
+     "SPEC.json's speed_check is not used by compare: the float32 variant times every other one in turns."),
+    ({"precision_policy": "bfloat16", "speed_check": None}, ["float32", "mixed_bfloat16"],
+     "SPEC.json's precision_policy 'bfloat16' is not used by compare: each variant sets its own (float32, "
+     "mixed_bfloat16)."),
+    ({"precision_policy": "bfloat16", "speed_check": [{"precision_policy": "float16"}]}, ["float32", "bfloat16"],
+     "SPEC.json's precision_policy 'bfloat16' is not used by compare: each variant sets its own (float32, "
+     "bfloat16). Its speed_check is not used either: the float32 variant times every other one in turns."),
     ({"loss_scale": "dynamic"}, [], None),
     ({"loss_scale": None}, ["float32", "bfloat16"], None),
 ])

@@ -50,7 +50,8 @@ async def list_comparisons(
 
 @router.get("/{comparison_id}", response_model=Comparison, responses=NOT_FOUND)
 async def get_comparison(comparison_id: str, store: StoreDep, tenant: TenantDep) -> Comparison:
-    """Per variant: final loss and its gap to float32, examples/s and speedup, skips, zero gradients,
+    """Per variant: final loss and its gap to float32, its run's throughput, its step time against
+    float32's (all variants timed in turns by the baseline job, with quartiles), skips, zero gradients,
     diagnoses; then the verdict in words."""
     return await run_in_threadpool(services.get_comparison, store, comparison_id, tenant)
 

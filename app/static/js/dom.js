@@ -81,7 +81,7 @@ export function fmtRate(value) {
   return value === 0 ? "0" : significant(value, 3);
 }
 
-// A speedup against float32: two decimals, or two significant digits under 0.1 (never "0.00×").
+// A ratio to float32 (step time, speed): two decimals, or two significant digits under 0.1 (never "0.00×").
 export function fmtRatio(value) {
   if (value === null || value === undefined) return "–";
   const fixed = value.toFixed(2);

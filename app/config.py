@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIN_SPEED_ROUNDS = 5
+"""Quartiles of fewer per-round ratios say little; even 5 once called an A/A pair different under load."""
 
 
 class Settings(BaseSettings):
@@ -22,8 +26,11 @@ class Settings(BaseSettings):
     speed_check_steps: int = 4
     """A job that succeeds then times its policy (on a CPU, when float16/bfloat16) or its comparison's
     variants against float32, this many steps per side and round, in turns (worker/speed.py). 0: off."""
-    speed_check_rounds: int = 9
+    speed_check_rounds: int = Field(9, ge=MIN_SPEED_ROUNDS)
     """Rounds of that speed check: the quartiles of its per-round ratios are the interval shown."""
+    speed_check_max_seconds: float = Field(60.0, gt=0)
+    """Past this, a speed check trains one step per side and round, and ends after the round that
+    crosses it (never before MIN_SPEED_ROUNDS rounds): a slow policy cannot hold a job for minutes."""
     lease_s: float = 30.0
     """A running attempt renews its lease this often / 6; a lease left to expire means its worker is gone."""
     reap_interval_s: float = 10.0

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from bench.report import Row, machine, table
 
-BENCHMARKS = ("engine_overhead", "float32_check", "service_overhead", "metric_delivery", "api_throughput", "scaling")
+BENCHMARKS = ("engine_overhead", "float32_check", "speed_check", "service_overhead", "metric_delivery",
+              "api_throughput", "scaling")
 
 
 def main() -> None:

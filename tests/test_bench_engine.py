@@ -53,3 +53,25 @@ def test_float32_check_cost_sets_the_check_beside_the_same_engine_without_it() -
         assert row.ratio is not None and row.ratio == pytest.approx(row.value / row.baseline_value, rel=0.5)
     assert rows[0].goal == "ratio <= 1.05" and rows[0].met is (rows[0].ratio is not None and rows[0].ratio <= 1.05)
     assert rows[2].value > rows[1].value  # the first check builds and traces
+
+
+def test_speed_check_bench_gives_the_aa_noise_and_each_variants_call() -> None:
+    from bench import speed_check
+
+    job = speed_check.spec({"name": "mlp", "input_dim": 64, "hidden_units": 32})
+    repeat = speed_check.measure(job, steps=1, rounds=5)
+    rows = speed_check.rows([speed_check.Series("mlp", "quiet", 5, 1, [repeat])])
+    assert len(rows) == 1 + len(speed_check.VARIANTS)
+    noise, *variants = rows
+    assert noise.baseline == "no difference" and noise.value == repeat.noise_high and not noise.goal
+    assert repeat.noise_low <= repeat.noise_high and repeat.seconds > 0
+    for row, variant in zip(variants, speed_check.VARIANTS, strict=True):
+        timing = repeat.timings[variant.label]
+        assert isinstance(timing, speed_check.Timing), timing
+        assert timing.low <= timing.slowdown <= timing.high and row.ratio == timing.slowdown
+        assert row.value == timing.policy_ms and row.baseline_value == timing.float32_ms
+        assert f"calls {timing.difference} 1" in row.case
+        # One repeat always agrees with itself; the A/A side is right only when it calls "none".
+        assert row.met is (timing.difference == "none" if variant is speed_check.AA else True)
+    table = speed_check.details([speed_check.Series("mlp", "quiet", 5, 1, [repeat])])
+    assert table.count("\n| mlp | quiet |") == 1 + len(speed_check.VARIANTS)

@@ -268,7 +268,8 @@ class Training:
         parts = list(self.dataset.batches(0, steps))
         x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         try:
-            timed = measure_all(specs, x, y, on_cpu_tf=device.backend == "tensorflow", rounds=rounds,
+            timed = measure_all(specs, x, y, on_cpu_tf=device.kind == "cpu" and device.backend == "tensorflow",
+                                rounds=rounds, max_seconds=self.settings.speed_check_max_seconds,
                                 make_optimizer=make_optimizer, should_stop=self.should_stop)
         except Exception:  # the job itself succeeded: a failed measurement only leaves the figure out
             log.warning("speed check failed; the summary has no precision speed", exc_info=True)

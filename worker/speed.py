@@ -27,6 +27,7 @@ discarded: the job's weights are untouched.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from app.config import MIN_SPEED_ROUNDS
 from app.errors import JobFailed
 from app.schemas import JobSpec, NoLossScale, PrecisionPolicy, PrecisionSpeed, Variant, speed_difference
 from worker.models import build_model
@@ -121,13 +123,17 @@ def measure_all(
     on_cpu_tf: bool,
     make_optimizer: Callable[[JobSpec], Any],
     rounds: int = ROUNDS,
+    max_seconds: float = math.inf,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> list[Timed] | None:
     """Each of `specs` against float32 (the first spec's twin), all in turns on batches `x`, `y`.
 
     A spec that cannot be built or trained here gets its error, and the rest are timed
-    without it. None when `should_stop()` turns true between two pieces (a cancel
-    after the run's last step).
+    without it. When the first round shows that `rounds` would take longer than
+    `max_seconds`, later pieces train one batch; past `max_seconds`, the measurement ends
+    after the current round, once it has MIN_SPEED_ROUNDS (the result says how many).
+    None when `should_stop()` turns true between two pieces (a cancel after the run's
+    last step).
     """
     reference = _Side(float32_twin(specs[0]), on_cpu_tf, make_optimizer)
     twin = _Side(float32_twin(specs[0]), on_cpu_tf, make_optimizer)
@@ -145,13 +151,19 @@ def measure_all(
         sides.append(side)
     for side in (reference, twin):
         side.warm_up(x, y)
+    start, done, steps = time.perf_counter(), 0, 0
     for r in range(rounds):
+        elapsed = time.perf_counter() - start
+        if r >= MIN_SPEED_ROUNDS and elapsed > max_seconds:
+            break
+        if r == 1 and elapsed * rounds > max_seconds:
+            x, y = x[:reference.batch_size], y[:reference.batch_size]
         turn = r % len(sides)
         for side in sides[turn:] + sides[:turn]:
             if should_stop():
                 return None
             side.piece(x, y)
-    steps = len(x) // reference.batch_size * rounds
+        done, steps = done + 1, steps + -(-len(x) // reference.batch_size)
     noise = [t / f for t, f in zip(twin.pieces, reference.pieces, strict=True)]
     noise_low, noise_high = _quartiles(noise)
     float32_ms = statistics.median(reference.pieces) * 1e3
@@ -166,7 +178,7 @@ def measure_all(
         results.append(Timed(spec, PrecisionSpeed(
             policy_ms=statistics.median(timed.pieces) * 1e3, float32_ms=float32_ms,
             slowdown=statistics.median(ratios), steps=steps, low=low, high=high,
-            noise_low=noise_low, noise_high=noise_high, rounds=rounds,
+            noise_low=noise_low, noise_high=noise_high, rounds=done,
             difference=speed_difference(low, high, noise_low, noise_high),
         )))
     return results

@@ -10,9 +10,10 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from app.cli.words import precision_speed_words
-from app.config import Settings
+from app.config import MIN_SPEED_ROUNDS, Settings
 from app.errors import UnsupportedPrecision
 from app.formats import speed_words
 from app.schemas import JobSpec, PrecisionPolicy, PrecisionSpeed, Variant, speed_difference
@@ -187,6 +188,19 @@ def test_a_policy_that_cannot_train_here_is_named_and_the_rest_are_timed(monkeyp
     assert timed[0].speed is None
     assert timed[0].error == "unsupported_precision_on_device: no float16 kernel for this op here"
     assert timed[1].speed is not None and timed[1].error is None and timed[1].speed.rounds == 3
+
+
+def test_a_slow_check_shortens_its_pieces_and_ends_after_the_fewest_rounds_past_its_budget() -> None:
+    """A policy that trains slowly cannot hold the job: past `max_seconds`, one batch a piece, then 5 rounds."""
+    base = spec_of(training={"steps": 4})
+    specs = [variant_spec(base, Variant(precision_policy=PrecisionPolicy.MIXED_BFLOAT16))]
+    timed = measure_all(specs, *mlp_batches(base, 3), on_cpu_tf=True, make_optimizer=make_optimizer,
+                        rounds=9, max_seconds=1e-6)
+    assert timed is not None and timed[0].speed is not None
+    assert timed[0].speed.rounds == MIN_SPEED_ROUNDS
+    assert timed[0].speed.steps == 3 + (MIN_SPEED_ROUNDS - 1)  # three batches in round one, then one a round
+    with pytest.raises(ValidationError, match="speed_check_rounds"):
+        Settings(speed_check_rounds=MIN_SPEED_ROUNDS - 1)
 
 
 def test_a_stop_during_the_check_abandons_it() -> None:

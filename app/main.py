@@ -14,11 +14,12 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api.auth import parse_api_keys
 from app.api.limits import BodySizeLimit
 from app.api.routes import comparisons, dashboard, health, jobs, metrics, prometheus
-from app.auth import parse_api_keys
-from app.config import Settings, get_settings
-from app.errors import IdempotencyConflict, JobNotFound, MpjobsError, ServiceUnavailable, Unauthorized
+from app.api.services import LiveWorkers
+from app.core.config import Settings, get_settings
+from app.core.errors import IdempotencyConflict, JobNotFound, MpjobsError, ServiceUnavailable, Unauthorized
 from app.store import JobStore
 
 log = logging.getLogger("mpjobs.api")
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.aredis = redis.asyncio.Redis.from_url(settings.redis_url, decode_responses=True,
                                                         socket_connect_timeout=2)
         app.state.store = JobStore(app.state.redis)
+        app.state.live_workers = LiveWorkers(app.state.rq_redis)
         # Everything imported and built so far lives as long as the process: keep it out of
         # the collector's generations, so a full collection does not walk it mid-request.
         gc.freeze()

@@ -45,9 +45,9 @@ import httpx
 import redis
 from rq import Queue
 
-from app import clock
-from app.resources import JobState, WorkerInfo
-from app.schemas import StepRecord, Summary
+from app.core import clock
+from app.core.job import JobState, WorkerInfo
+from app.core.records import StepRecord, Summary
 from app.store import JobStore
 from bench import baseline_app, report
 from bench.report import Row

@@ -38,8 +38,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from app.config import Settings  # noqa: E402
-from app.schemas import JobSpec  # noqa: E402
+from app.core.config import Settings
+from app.core.spec import JobSpec
 from bench.report import Row, cli  # noqa: E402
 from worker.devices import detect_device  # noqa: E402
 from worker.engine import Training, never  # noqa: E402

@@ -25,7 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 
-from app.schemas import UNDERFLOW_CHECK_EVERY, JobSpec  # noqa: E402
+from app.core.spec import UNDERFLOW_CHECK_EVERY, JobSpec
 from bench.engine_overhead import GOAL, PIECES, Engine, _per_step, _piece_ratios, take_turns  # noqa: E402
 from bench.report import Row, cli  # noqa: E402
 

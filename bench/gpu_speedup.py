@@ -76,9 +76,10 @@ if __package__ in (None, ""):  # python bench/gpu_speedup.py
 import jax  # noqa: E402
 import keras  # noqa: E402
 
-from app.config import Settings  # noqa: E402
-from app.errors import JobFailed  # noqa: E402
-from app.schemas import CnnModel, JobSpec, TransformerModel  # noqa: E402
+from app.core.config import Settings  # noqa: E402
+from app.core.errors import JobFailed  # noqa: E402
+from app.core.model_specs import CnnModel, TransformerModel  # noqa: E402
+from app.core.spec import JobSpec  # noqa: E402
 from bench.report import Row, median, table  # noqa: E402
 from worker.engine import release_memory, run_job  # noqa: E402
 from worker.telemetry import ListReporter  # noqa: E402

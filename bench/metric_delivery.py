@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.config import Settings
-from app.schemas import StepRecord
+from app.core.config import Settings
+from app.core.records import StepRecord
 from app.store import JobStore
 from bench.report import Row, cli, median, percentile
 from tests.stack import RedisServer, Stack, iter_sse

@@ -44,8 +44,8 @@ PHASES = ("queue wait", "worker start-up", "training", "finishing", "delivery")
 
 def local_run(spec_json: dict[str, Any]) -> tuple[float, float]:
     """(wall seconds, training seconds) of `run_job` in this (warm) process."""
-    from app.config import Settings
-    from app.schemas import JobSpec
+    from app.core.config import Settings
+    from app.core.spec import JobSpec
     from worker.engine import run_job
     from worker.telemetry import ListReporter
 

@@ -1,7 +1,7 @@
 """The speed check itself (`worker.speed.measure_all`): does it make the same call each time?
 
 For the MLP (default spec) and a small CNN (16x16 images, 8 filters): the comparison's
-default variants other than float32 (`app.schemas.DEFAULT_VARIANTS`), plus a float32
+default variants other than float32 (`app.core.spec.DEFAULT_VARIANTS`), plus a float32
 variant, an A/A check: a third float32 copy timed as if it were a policy, whose only right
 call is "none". Each repeat is one measurement as a comparison's float32 baseline makes it
 after training: fresh copies, the job's first batches from `worker.data.load_dataset`,
@@ -37,8 +37,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from app.config import Settings  # noqa: E402
-from app.schemas import DEFAULT_VARIANTS, JobSpec, PrecisionPolicy, Variant  # noqa: E402
+from app.core.config import Settings
+from app.core.spec import DEFAULT_VARIANTS, JobSpec, PrecisionPolicy, Variant
 from bench.report import Row, machine, table  # noqa: E402
 from worker.data import load_dataset  # noqa: E402
 from worker.engine import make_optimizer  # noqa: E402

@@ -71,7 +71,7 @@ def test_tensorboard_is_an_optional_loopback_profile_over_the_artifacts() -> Non
 
 
 def test_env_example_lists_every_setting() -> None:
-    from app.config import Settings
+    from app.core.config import Settings
 
     listed = {line.split("=")[0] for line in (ROOT / ".env.example").read_text().splitlines()
               if line and not line.startswith("#")}

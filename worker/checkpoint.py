@@ -1,4 +1,6 @@
-"""Atomic checkpoints: weights, optimizer state (loss scale and its counter
+"""Checkpoints and the trained model file: written atomically, restored, kept from before a divergence.
+
+A checkpoint holds the weights, the optimizer state (loss scale and its counter
 included), the step (the data position) and the summary, in one `.npz`.
 
 Written to a temp file in the same folder, fsynced, then renamed over the old
@@ -15,7 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import keras
 import numpy as np
+
+from app.core.config import MODEL_ARTIFACT
+from app.core.errors import JobFailed
 
 CHECKPOINT_NAME = "checkpoint.npz"
 
@@ -108,3 +114,33 @@ class CheckpointWriter:
 
 def _count(names: list[str], prefix: str) -> int:
     return sum(1 for n in names if n.startswith(prefix))
+
+
+def keep_last_good(model: keras.Model, out: Path) -> str:
+    """After divergence: write model.keras from the last checkpoint, never from NaN weights."""
+    saved = load(out)
+    if saved is None:
+        return " No checkpoint was reached before it diverged."
+    restore(model.variables, saved.model_values)
+    save_model(model, out)
+    return f" The last good checkpoint (step {saved.step}) is kept, and model.keras holds its weights."
+
+
+def restore(variables: list[keras.Variable], values: list[np.ndarray]) -> None:
+    if len(variables) != len(values):
+        raise JobFailed(f"checkpoint holds {len(values)} arrays but the model has {len(variables)} variables.")
+    for var, value in zip(variables, values, strict=True):
+        var.assign(value)
+
+
+def save_model(model: keras.Model, out: Path) -> Path:
+    target = out / MODEL_ARTIFACT
+    fd, tmp = tempfile.mkstemp(prefix=".model-", suffix=".keras", dir=out)
+    os.close(fd)
+    try:
+        model.save(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target

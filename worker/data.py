@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from app.errors import InvalidDataset
-from app.schemas import JobSpec, NpzDataset
+from app.core.errors import InvalidDataset
+from app.core.spec import JobSpec, NpzDataset
 
 TEACHER_WIDTH = 64
 """Hidden width of the fixed random teacher that labels synthetic inputs."""

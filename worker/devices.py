@@ -12,8 +12,8 @@ from pathlib import Path
 
 import keras
 
-from app.formats import ratio, speed_words
-from app.schemas import PrecisionSpeed
+from app.core.formats import ratio, speed_words
+from app.core.records import PrecisionSpeed
 
 FAST_FLOAT16_MIN_CC = (7, 0)
 """Tensor cores for float16 arrived with Volta (compute capability 7.0)."""

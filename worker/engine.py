@@ -1,6 +1,6 @@
 """Run one training job: build, restore, train with telemetry, checkpoint, save.
 
->>> from app.schemas import JobSpec
+>>> from app.core.spec import JobSpec
 >>> spec = JobSpec.model_validate({"model": {"name": "mlp"}, "training": {"steps": 5}})
 >>> result = run_job(spec, reporter=ListReporter(), checkpoint_dir=Path(tempfile.mkdtemp()))
 >>> result.status, result.summary.steps_done
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,32 +18,26 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from app.config import Settings, get_settings
-from app.errors import Diverged, InvalidModel, JobFailed, MpjobsError, TimedOut
-from app.schemas import (
-    DynamicLossScale,
-    FixedLossScale,
-    JobSpec,
-    LossScaleMode,
-    PrecisionPolicy,
-    PrecisionSpeed,
-    Summary,
-    VariantSpeed,
-)
+from app.core.config import Settings, get_settings
+from app.core.errors import Diverged, InvalidModel, JobFailed, MpjobsError, TimedOut
+from app.core.records import Summary
+from app.core.spec import DynamicLossScale, FixedLossScale, JobSpec, LossScaleMode, PrecisionPolicy
 from worker import checkpoint
 from worker.data import load_dataset
 from worker.devices import DeviceInfo, detect_device, slow_precision_message
-from worker.failures import missing_kernel
+from worker.divergence import DivergenceGuard
+from worker.failures import named_failure
 from worker.float32_check import Float32Check
+from worker.lifecycle import Checkpointer, StopControl
 from worker.models import BuiltModel, build_model
 from worker.optimizer import TelemetryOptimizer
-from worker.speed import measure_all, variant_spec
+from worker.recorder import StepRecorder
+from worker.speed import check_after_run
 from worker.summary import RunContext, SummaryBuilder
-from worker.telemetry import BatchLoss, ListReporter, Reporter, StepTelemetry, TelemetryCallback, compiled_loss
+from worker.telemetry import BatchLoss, ListReporter, Reporter, StepTelemetry, compiled_loss
 
 log = logging.getLogger(__name__)
 
-MODEL_ARTIFACT = "model.keras"
 _OPTIMIZERS = {
     "adam": keras.optimizers.Adam,
     "adamw": keras.optimizers.AdamW,
@@ -96,16 +88,6 @@ def _vocab(model: keras.Model) -> int | None:
     raise InvalidModel("model has integer inputs but no Embedding layer to size the synthetic tokens.")
 
 
-def _map_failure(exc: Exception, spec: JobSpec, device: DeviceInfo) -> JobFailed:
-    """The one place where TensorFlow/Keras errors become named failures."""
-    missing = missing_kernel(exc, spec.precision_policy.compute_dtype, device.backend, device.kind)
-    if missing is not None:
-        return missing
-    text = str(exc)
-    first_line = text.strip().splitlines()[0] if text.strip() else ""
-    return JobFailed(f"{type(exc).__name__}: {first_line[:500]}")
-
-
 def run_job(
     spec: JobSpec,
     *,
@@ -127,7 +109,7 @@ def run_job(
         raise
     except Exception as exc:
         log.exception("job failed")
-        raise _map_failure(exc, spec, device) from exc
+        raise named_failure(exc, spec.precision_policy.compute_dtype, device.backend, device.kind) from exc
 
 
 class Training:
@@ -187,8 +169,8 @@ class Training:
         if saved is not None:
             if saved.fingerprint != self.fingerprint:
                 raise JobFailed(f"{out} holds a checkpoint of a different spec; use a fresh folder.", None)
-            _assign(model.variables, saved.model_values)
-            _assign(optimizer.variables, saved.optimizer_values)
+            checkpoint.restore(model.variables, saved.model_values)
+            checkpoint.restore(optimizer.variables, saved.optimizer_values)
             self.start, summary_state = saved.step, saved.summary_state
         self.builder = SummaryBuilder(context, summary_state)
         self.writer = checkpoint.CheckpointWriter(out)
@@ -201,13 +183,17 @@ class Training:
                 compute_dtype=policy.compute_dtype, mode=optimizer.mode,
                 need_advice=lambda: self.builder.underflow_advice is None, on_error=self.builder.set_check_error,
             )
-        self.callback = TelemetryCallback(
+        self.recorder = StepRecorder(
             reporter=reporter, summary=self.builder, start_step=self.start, batch_size=t.batch_size,
-            learning_rate=t.learning_rate, checkpoint_every=t.checkpoint_every,
-            save_checkpoint=self.save_checkpoint, should_stop=should_stop,
-            report_interval_s=settings.report_interval_s, report_max_records=settings.report_max_records,
-            max_seconds=t.max_seconds, checks=None if self.check is None else self.check.results,
+            learning_rate=t.learning_rate, report_interval_s=settings.report_interval_s,
+            report_max_records=settings.report_max_records, checks=None if self.check is None else self.check.results,
         )
+        self.divergence = DivergenceGuard(self.recorder, self.builder)
+        self.stop = StopControl(should_stop, t.max_seconds)
+        # In this order: each step is recorded, judged, maybe checkpointed, then maybe stopped.
+        self.callbacks: list[keras.callbacks.Callback] = [
+            self.recorder, self.divergence, Checkpointer(self.recorder, t.checkpoint_every, self.save_checkpoint),
+            self.stop]
 
     def run(self) -> RunResult:
         """Every segment through `fit` until one says stop, then `finish`: what `run_job` does."""
@@ -226,14 +212,13 @@ class Training:
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> bool:
         """Train one step per batch of (x, y). False once the job must end (stopped, timed out, diverged)."""
-        callbacks: list[keras.callbacks.Callback] = [self.callback]
+        callbacks = list(self.callbacks)
         if self.check is not None:  # first, so that its time is not the step's
             self.check.segment = (x, y)
             callbacks.insert(0, self.check)
         self.model.fit(x, y, batch_size=self.spec.training.batch_size, epochs=1, shuffle=False, verbose=0,
                        callbacks=callbacks)
-        c = self.callback
-        return not (c.stopped or c.timed_out or c.failure is not None)
+        return not (self.stop.stopped or self.stop.timed_out or self.divergence.failure is not None)
 
     def save_checkpoint(self, step: int) -> None:
         sync = getattr(self.model, "jax_state_sync", None)
@@ -248,50 +233,9 @@ class Training:
         ))
 
     def _check_speed(self) -> None:
-        """Time policies against float32 in turns (worker.speed) for the summary.
-
-        By default a CPU job in float16/bfloat16 times its own policy; a comparison's float32
-        baseline times every other variant, on any device (`JobSpec.speed_check`).
-        """
-        spec, device, per_round = self.spec, self.device, self.settings.speed_check_steps
-        trained = self.builder.steps_done - self.start
-        if spec.speed_check is None:
-            own = device.kind == "cpu" and spec.precision_policy.compute_dtype != "float32"
-            specs = [spec] if own else []
-        else:
-            specs = [variant_spec(spec, v) for v in spec.speed_check]
-        rounds = self.settings.speed_check_rounds
-        if not specs or per_round <= 0 or rounds <= 0 or not trained:
-            return
-        # A short run gets a short check: each side trains at most about half as many steps as the run did.
-        steps = min(per_round, max(1, trained // (2 * rounds)))
-        parts = list(self.dataset.batches(0, steps))
-        x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-        try:
-            timed = measure_all(specs, x, y, on_cpu_tf=device.kind == "cpu" and device.backend == "tensorflow",
-                                rounds=rounds, max_seconds=self.settings.speed_check_max_seconds,
-                                make_optimizer=make_optimizer, should_stop=self.should_stop)
-        except Exception:  # the job itself succeeded: a failed measurement only leaves the figure out
-            log.warning("speed check failed; the summary has no precision speed", exc_info=True)
-            return
-        if timed is None:
-            log.info("speed check abandoned: the job was asked to stop after its last step")
-            return
-        if spec.speed_check is None:
-            own_timed = timed[0]
-            if own_timed.speed is None:
-                log.warning("speed check failed; the summary has no precision speed: %s", own_timed.error)
-                return
-            self.builder.set_speed(own_timed.speed, self._slow_message(spec, own_timed.speed))
-            return
-        self.builder.set_variant_speeds([
-            VariantSpeed(label=v.label, speed=t.speed, error=t.error,
-                         slow_precision=self._slow_message(t.spec, t.speed) if t.speed else None)
-            for v, t in zip(spec.speed_check, timed, strict=True)])
-
-    def _slow_message(self, spec: JobSpec, speed: PrecisionSpeed) -> str | None:
-        return slow_precision_message(self.device, spec.precision_policy.compute_dtype, spec.precision_policy.value,
-                                      speed)
+        """Time policies against float32 in turns (worker.speed) into the summary."""
+        check_after_run(self.spec, self.device, self.settings, self.dataset, self.builder.steps_done - self.start,
+                        self.builder, make_optimizer, self.should_stop)
 
     def close(self) -> None:
         """Wait for the checkpoint writer (after a failure in `fit`)."""
@@ -299,64 +243,35 @@ class Training:
 
     def finish(self) -> RunResult:
         """Report the last steps, write the last checkpoint and the model; raise the job's failure if any."""
-        callback, builder, t = self.callback, self.builder, self.spec.training
+        builder, t, failure = self.builder, self.spec.training, self.divergence.failure
         try:
-            callback.flush()
+            self.recorder.publish()
             unsaved = builder.steps_done != self.start and builder.steps_done % t.checkpoint_every
-            if callback.failure is None and unsaved:
+            if failure is None and unsaved:
                 self.save_checkpoint(builder.steps_done)
         finally:
             self.writer.close()
-        if callback.failure is not None:
-            self.reporter.summary(builder.summary())
-            raise Diverged(callback.failure.message + _keep_last_good(self.model, self.out))
-        if callback.timed_out:
-            self.reporter.summary(builder.summary())
-            raise TimedOut(
+        error: MpjobsError | None = None
+        model_path = None
+        if failure is not None:
+            error = Diverged(failure.message + checkpoint.keep_last_good(self.model, self.out))
+        elif self.stop.timed_out:
+            error = TimedOut(
                 f"training.max_seconds={t.max_seconds} ran out at step {builder.steps_done} of {t.steps}. "
                 "The checkpoint of that step is kept: resubmit with a larger limit to continue from it."
             )
-        model_path = None
-        if not callback.stopped:
-            model_path = _save_model(self.model, self.out)
+        elif not self.stop.stopped:
+            model_path = checkpoint.save_model(self.model, self.out)
             self._check_speed()
-        self.reporter.summary(builder.summary())
+        self.recorder.publish(final=True)
+        if error is not None:
+            raise error
         return RunResult(
-            "stopped" if callback.stopped else "succeeded", builder.summary(), self.out / checkpoint.CHECKPOINT_NAME,
-            model_path, self.device, self.start,
+            "stopped" if self.stop.stopped else "succeeded", builder.summary(),
+            self.out / checkpoint.CHECKPOINT_NAME, model_path, self.device, self.start,
         )
 
 
 def release_memory() -> None:
     """Drop every model and graph of the last job (host and device memory) from this process."""
     keras.backend.clear_session(free_memory=True)
-
-
-def _keep_last_good(model: keras.Model, out: Path) -> str:
-    """After divergence: write model.keras from the last checkpoint, never from NaN weights."""
-    saved = checkpoint.load(out)
-    if saved is None:
-        return " No checkpoint was reached before it diverged."
-    _assign(model.variables, saved.model_values)
-    _save_model(model, out)
-    return f" The last good checkpoint (step {saved.step}) is kept, and model.keras holds its weights."
-
-
-def _assign(variables: list[keras.Variable], values: list[np.ndarray]) -> None:
-    if len(variables) != len(values):
-        raise JobFailed(f"checkpoint holds {len(values)} arrays but the model has {len(variables)} variables.")
-    for var, value in zip(variables, values, strict=True):
-        var.assign(value)
-
-
-def _save_model(model: keras.Model, out: Path) -> Path:
-    target = out / MODEL_ARTIFACT
-    fd, tmp = tempfile.mkstemp(prefix=".model-", suffix=".keras", dir=out)
-    os.close(fd)
-    try:
-        model.save(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from app.errors import UnsupportedPrecision
+from app.core.errors import JobFailed, UnsupportedPrecision
 
 _NO_KERNEL_HERE = re.compile(
     r"No OpKernel was registered to support Op '(?P<graph>\w+)'"
@@ -70,3 +70,13 @@ def missing_kernel(
             f"(it keeps them in float32), or avoid the layer that runs it."
         )
     return None
+
+
+def named_failure(exc: Exception, compute_dtype: str, backend: str, device_kind: str) -> JobFailed:
+    """The one place where TensorFlow/Keras errors become named failures."""
+    missing = missing_kernel(exc, compute_dtype, backend, device_kind)
+    if missing is not None:
+        return missing
+    text = str(exc)
+    first_line = text.strip().splitlines()[0] if text.strip() else ""
+    return JobFailed(f"{type(exc).__name__}: {first_line[:500]}")

@@ -1,17 +1,7 @@
 """Build the job's Keras model under its precision policy, and its loss.
 
-Built-in models are plain Keras layers; `keras_json` models are checked for
-anything that could run code (Lambda layers, custom or non-Keras classes)
-before Keras parses a single layer, then loaded in safe mode.
-
-A `keras_json` model's layers with the dtype policy most of them share, and its
-models, take the job's policy. A layer with another policy was pinned and keeps
-it, like the float32 softmax head of a model built under mixed_float16 as in
-Keras's mixed-precision guide (on a tie, float32 is the pinned one). A config
-cannot tell a pinned float32 from a default one: when all layers share one
-policy, all take the job's. Input layers keep their dtype, except one in the
-half-precision compute dtype the model was built under (a Sequential makes its
-own so): it takes the job's, or a float32 job would round activations to float16.
+Built-in models are plain Keras layers; `keras_json` models come from
+worker/keras_json.py, checked and given the job's policy.
 
 Regularizers compute their penalty in float32: Keras adds it to the float32 loss
 as it is, and a float16 sum of squares overflows at 65504.
@@ -19,7 +9,6 @@ as it is, and a float16 sum of squares overflows at 65504.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,25 +16,21 @@ from typing import Any
 import keras
 from keras import layers, ops
 
-from app.errors import InvalidModel, JobFailed
-from app.schemas import (
+from app.core.errors import InvalidModel, JobFailed
+from app.core.model_specs import (
     CnnModel,
     Conv3dUnetModel,
-    JobSpec,
     KerasJsonModel,
     MlpModel,
-    PrecisionPolicy,
     TransformerModel,
-    check_keras_json,
-    walk_config,
 )
+from app.core.spec import JobSpec
 from worker.devices import detect_device
 from worker.failures import missing_kernel
+from worker.keras_json import load_keras_json
 
 FLOAT16_MISSING_ON_CPU = ("MaxPooling3D", "AveragePooling3D")
 """Layers whose TensorFlow CPU kernels exist only for float32 and bfloat16."""
-_FLOAT_POLICIES = frozenset({"float16", "bfloat16", "float32", "float64", "mixed_float16", "mixed_bfloat16"})
-_HALF_DTYPES = frozenset({"float16", "bfloat16"})
 
 Penalty = Callable[[Any], Any]
 
@@ -163,57 +148,6 @@ _BUILDERS: dict[type, Callable[[Any], keras.Model]] = {
 }
 
 
-def _policy_of(config: dict[str, Any]) -> str | None:
-    """A config's float dtype policy, written as a name or as a serialized DTypePolicy; else None."""
-    dtype = config.get("dtype")
-    if isinstance(dtype, dict) and dtype.get("class_name") in {"DTypePolicy", "FloatDTypePolicy"}:
-        inner = dtype.get("config")
-        dtype = inner.get("name") if isinstance(inner, dict) else None
-    return dtype if isinstance(dtype, str) and dtype in _FLOAT_POLICIES else None
-
-
-def _set_policy(config: dict[str, Any], name: str) -> None:
-    if isinstance(config["dtype"], dict):
-        config["dtype"]["config"]["name"] = name
-    else:
-        config["dtype"] = name
-
-
-def _with_policy(config: dict[str, Any], policy: PrecisionPolicy) -> dict[str, Any]:
-    """Give the job's policy to every layer built under the shared policy (see the module docstring)."""
-    inputs: list[dict[str, Any]] = []
-    models: list[dict[str, Any]] = []
-    layer_configs: list[dict[str, Any]] = []
-    for node in walk_config(config):
-        cfg = node.get("config")
-        if not isinstance(cfg, dict) or node.get("class_name") == "__keras_tensor__" or _policy_of(cfg) is None:
-            continue
-        if node.get("class_name") == "InputLayer":
-            inputs.append(cfg)
-        else:
-            (models if isinstance(cfg.get("layers"), list) else layer_configs).append(cfg)
-    counts = Counter(_policy_of(cfg) for cfg in layer_configs)
-    shared = max(counts, key=lambda name: (counts[name], name != "float32"), default=None)
-    for cfg in models + [cfg for cfg in layer_configs if _policy_of(cfg) == shared]:
-        _set_policy(cfg, policy.value)
-    built_compute = shared.removeprefix("mixed_") if shared else None
-    for cfg in inputs:
-        if built_compute in _HALF_DTYPES and _policy_of(cfg) == built_compute:
-            _set_policy(cfg, policy.compute_dtype)
-    return config
-
-
-def _load_keras_json(m: KerasJsonModel, policy: PrecisionPolicy) -> keras.Model:
-    try:
-        config = _with_policy(check_keras_json(m.keras_json), policy)
-    except ValueError as exc:
-        raise InvalidModel(str(exc)) from None
-    model = keras.saving.deserialize_keras_object(config, safe_mode=True)
-    if not isinstance(model, keras.Model):
-        raise InvalidModel("model.keras_json must describe a Keras model.")
-    return model
-
-
 def _float32_fallback(model: keras.Model, compute_dtype: str, on_cpu_tf: bool) -> tuple[keras.Model, tuple[str, ...]]:
     """Run layers with no float16 CPU kernel in float32 (max pooling is exact either way)."""
     if compute_dtype != "float16" or not on_cpu_tf:
@@ -295,7 +229,7 @@ def build_model(spec: JobSpec, *, on_cpu_tf: bool) -> BuiltModel:
     keras.config.set_dtype_policy(policy.value)
     try:
         if isinstance(m, KerasJsonModel):
-            model = _load_keras_json(m, policy)
+            model = load_keras_json(m, policy)
             loss: str | Callable[..., Any] = output_mean if m.loss == "output_mean" else m.loss
             loss_name: str = m.loss
         else:

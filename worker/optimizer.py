@@ -32,14 +32,8 @@ from typing import Any
 import keras
 from keras import ops
 
-TELEMETRY_FIELDS = (
-    "total_loss", "loss_scale", "grad_norm", "grads_finite", "skipped", "zeros_high", "zeros_low",
-    "regularization_loss",
-)
-"""The `telemetry` vector, by position. The zero count is an integer that float32
-holds exactly only below 2**24, so it travels as two exact float32 parts
-(`zeros_high * 2**24 + zeros_low`) and the host divides in float64 (see `zero_fraction`)."""
-ZERO_COUNT_SPLIT = 2**24
+from worker.step_vector import GRADS_FINITE, TELEMETRY_FIELDS, ZERO_COUNT_SPLIT, Telemetry
+
 SIGN_COUNT_MAX_ELEMENTS = 2**24
 """Up to this many elements, a gradient counts its non-zero values as the float32
 sum of sign(g)**2: every partial sum is an integer below 2**24, so the count is
@@ -75,12 +69,6 @@ def _unscale(g: Any, scale: Any) -> Any:
     if is_sparse(g):
         return type(g)(ops.cast(ops.cast(g.values, "float32") / scale, g.values.dtype), g.indices, g.dense_shape)
     return ops.cast(ops.cast(g, "float32") / scale, g.dtype)
-
-
-def zero_fraction(telemetry: Any, elements: int) -> float:
-    """The share of gradient values that are exactly zero, from a `telemetry` vector, in float64."""
-    high, low = telemetry[TELEMETRY_FIELDS.index("zeros_high")], telemetry[TELEMETRY_FIELDS.index("zeros_low")]
-    return (int(high) * ZERO_COUNT_SPLIT + int(low)) / elements if elements else 0.0
 
 
 def is_sparse(g: Any) -> bool:
@@ -230,8 +218,10 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
             apply, skipped = ops.convert_to_tensor(True), ops.convert_to_tensor(0.0)
         else:
             apply, skipped = finite, ops.logical_not(finite)
-        parts = [self.batch_loss.value, scale, norm, finite, skipped, zeros // ZERO_COUNT_SPLIT,
-                 zeros % ZERO_COUNT_SPLIT, self._penalty(trainable_variables)]
+        parts = Telemetry(
+            total_loss=self.batch_loss.value, loss_scale=scale, grad_norm=norm, grads_finite=finite, skipped=skipped,
+            zeros_high=zeros // ZERO_COUNT_SPLIT, zeros_low=zeros % ZERO_COUNT_SPLIT,
+            regularization_loss=self._penalty(trainable_variables))
         telemetry = ops.stack([ops.cast(p, "float32") for p in parts])
         return apply, unscaled, telemetry
 
@@ -257,7 +247,7 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
             self.built = True
         apply, unscaled, telemetry = self._measure(list(grads), list(trainable_variables or []))
         self.telemetry.assign(telemetry)
-        finite = ops.cast(telemetry[3], "bool")
+        finite = ops.cast(telemetry[GRADS_FINITE], "bool")
         if self.mode == "none":
             self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables)
         else:
@@ -276,7 +266,7 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         with keras.StatelessScope(state_mapping=mapping) as scope:
             apply, unscaled, telemetry = self._measure(list(grads), list(trainable_variables))
             self.telemetry.assign(telemetry)
-            self._update_scale(ops.cast(telemetry[3], "bool"))
+            self._update_scale(ops.cast(telemetry[GRADS_FINITE], "bool"))
             own = [scope.get_current_value(v) for v in self._variables]
         inner_vars = list(optimizer_variables[own_count:])
 

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 
 import redis
 
-from app.rollup import ROLLUP_STEPS, Rollup
-from app.schemas import StepRecord, Summary
-from app.store import JobStore, metrics_key
+from app.core.records import StepRecord, Summary
+from app.store import JobStore
+from app.store.keys import STEP_FIELD, after, metrics_key, number_of
+from app.store.rollup import ROLLUP_STEPS, Rollup
 
 log = logging.getLogger("mpjobs.worker")
 
@@ -41,10 +42,10 @@ class RedisReporter:
         last = self.store.redis.xrevrange(metrics_key(self.job_id), count=1)
         if not last:
             return partial
-        last_step = int(last[0][0].split("-")[0])
+        last_step = number_of(last[0][0])
         first = last_step - last_step % ROLLUP_STEPS
-        for _, fields in self.store.redis.xrange(metrics_key(self.job_id), min=f"({first}-0", max="+"):
-            partial.add(json.loads(fields["r"]))
+        for _, fields in self.store.redis.xrange(metrics_key(self.job_id), min=after(first), max="+"):
+            partial.add(json.loads(fields[STEP_FIELD]))
         return partial
 
     def steps(self, records: Sequence[StepRecord]) -> None:

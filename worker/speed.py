@@ -21,12 +21,13 @@ process, by taking turns (the method of bench/engine_overhead.py):
 Drift of the machine that hits a whole round cancels in its ratios. The A/A
 side's ratios show what two identical sides differ by on this machine now:
 a policy is called slower or faster only when its whole interval lies beyond
-both 1 and that noise (`app.schemas.speed_difference`). The copies are
+both 1 and that noise (`app.core.records.speed_difference`). The copies are
 discarded: the job's weights are untouched.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
@@ -37,10 +38,16 @@ from typing import Any
 import keras
 import numpy as np
 
-from app.config import MIN_SPEED_ROUNDS
-from app.errors import JobFailed
-from app.schemas import JobSpec, NoLossScale, PrecisionPolicy, PrecisionSpeed, Variant, speed_difference
+from app.core.config import MIN_SPEED_ROUNDS, Settings
+from app.core.errors import JobFailed
+from app.core.records import PrecisionSpeed, VariantSpeed, speed_difference
+from app.core.spec import JobSpec, NoLossScale, PrecisionPolicy, Variant
+from worker.data import Dataset
+from worker.devices import DeviceInfo, slow_precision_message
 from worker.models import build_model
+from worker.summary import SummaryBuilder
+
+log = logging.getLogger(__name__)
 
 ROUNDS = 9
 """Rounds of turns: enough for quartiles of the per-round ratios."""
@@ -202,3 +209,48 @@ def measure(
     if timed[0].error is not None:
         raise RuntimeError(timed[0].error)
     return timed[0].speed
+
+
+def check_after_run(spec: JobSpec, device: DeviceInfo, settings: Settings, dataset: Dataset, trained: int,
+                    builder: SummaryBuilder, make_optimizer: Callable[[JobSpec], Any],
+                    should_stop: Callable[[], bool]) -> None:
+    """After a run that trained `trained` steps: time what `spec.speed_check` asks for into `builder`.
+
+    By default a CPU job in float16/bfloat16 times its own policy; a comparison's float32
+    baseline times every other variant, on any device. A failed measurement only leaves
+    the figures out: the job itself succeeded.
+    """
+    if spec.speed_check is None:
+        own = device.kind == "cpu" and spec.precision_policy.compute_dtype != "float32"
+        specs = [spec] if own else []
+    else:
+        specs = [variant_spec(spec, v) for v in spec.speed_check]
+    per_round, rounds = settings.speed_check_steps, settings.speed_check_rounds
+    if not specs or per_round <= 0 or rounds <= 0 or not trained:
+        return
+    # A short run gets a short check: each side trains at most about half as many steps as the run did.
+    parts = list(dataset.batches(0, min(per_round, max(1, trained // (2 * rounds)))))
+    x, y = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    try:
+        timed = measure_all(specs, x, y, on_cpu_tf=device.kind == "cpu" and device.backend == "tensorflow",
+                            rounds=rounds, max_seconds=settings.speed_check_max_seconds,
+                            make_optimizer=make_optimizer, should_stop=should_stop)
+    except Exception:
+        log.warning("speed check failed; the summary has no precision speed", exc_info=True)
+        return
+    if timed is None:
+        log.info("speed check abandoned: the job was asked to stop after its last step")
+        return
+
+    def slow(t: Timed) -> str | None:
+        policy = t.spec.precision_policy
+        return slow_precision_message(device, policy.compute_dtype, policy.value, t.speed) if t.speed else None
+
+    if spec.speed_check is None:
+        if timed[0].speed is None:
+            log.warning("speed check failed; the summary has no precision speed: %s", timed[0].error)
+            return
+        builder.set_speed(timed[0].speed, slow(timed[0]))
+        return
+    builder.set_variant_speeds([VariantSpeed(label=v.label, speed=t.speed, error=t.error, slow_precision=slow(t))
+                                for v, t in zip(spec.speed_check, timed, strict=True)])

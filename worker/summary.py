@@ -11,7 +11,8 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.schemas import Diagnosis, LossScaleMode, PrecisionSpeed, StepRecord, Summary, VariantSpeed
+from app.core.records import Diagnosis, DiagnosisCode, PrecisionSpeed, StepRecord, Summary, VariantSpeed
+from app.core.spec import LossScaleMode
 from worker.float32_check import CheckResult, floor_percent
 
 FINAL_LOSS_WINDOW = 10
@@ -137,7 +138,7 @@ class SummaryBuilder:
             worst = (f" The most affected weight was {self.worst_variable[0]} ({self.worst_variable[1]:.1%} of its "
                      "values).") if self.worst_variable else ""
             out.append(Diagnosis(
-                code="gradient_underflow",
+                code=DiagnosisCode.GRADIENT_UNDERFLOW,
                 first_step=self.first_underflow,
                 message=(
                     f"On {self.underflow_checks} of {self.float32_checks} checked steps, gradient values that "
@@ -149,7 +150,7 @@ class SummaryBuilder:
             ))
         if self.skipped_steps:
             out.append(Diagnosis(
-                code="overflow_skips",
+                code=DiagnosisCode.OVERFLOW_SKIPS,
                 first_step=self.first_skip,
                 message=(
                     f"{self.skipped_steps} of {self.steps_done} steps were skipped because their gradients "
@@ -162,12 +163,13 @@ class SummaryBuilder:
                 ),
             ))
         if self.diverged is not None:
-            out.append(Diagnosis(code="diverged", first_step=self.diverged[0], message=self.diverged[1]))
+            out.append(Diagnosis(code=DiagnosisCode.DIVERGED, first_step=self.diverged[0], message=self.diverged[1]))
         if c.slow_precision_message:
-            out.append(Diagnosis(code="slow_precision_on_device", first_step=None, message=c.slow_precision_message))
+            out.append(Diagnosis(code=DiagnosisCode.SLOW_PRECISION_ON_DEVICE, first_step=None,
+                                 message=c.slow_precision_message))
         if c.policy.startswith("mixed_") and c.output_dtype != "float32":
             out.append(Diagnosis(
-                code="half_precision_output",
+                code=DiagnosisCode.HALF_PRECISION_OUTPUT,
                 first_step=None,
                 message=(
                     f"The model's output is {c.output_dtype} under {c.policy}: its last layer computes in "
@@ -181,7 +183,7 @@ class SummaryBuilder:
             ))
         if c.float32_layers:
             out.append(Diagnosis(
-                code="float32_fallback",
+                code=DiagnosisCode.FLOAT32_FALLBACK,
                 first_step=None,
                 message=(
                     f"This device has no {c.compute_dtype} kernel for {', '.join(c.float32_layers)}, so "

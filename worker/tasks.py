@@ -18,11 +18,11 @@ from typing import TypeVar
 import redis
 from redis import Redis
 
-from app import clock
-from app.config import Settings, get_settings
-from app.errors import FailureReason, JobFailed
-from app.resources import JobState
-from app.schemas import JobSpec
+from app.core import clock
+from app.core.config import Settings, get_settings
+from app.core.errors import FailureReason, JobFailed
+from app.core.job import JobState
+from app.core.spec import JobSpec
 from app.store import JobStore
 from worker import checkpoint
 from worker.devices import detect_device
@@ -95,7 +95,7 @@ def _attempt(store: JobStore, job_id: str, settings: Settings) -> str:
         store.transition(job_id, JobState.CANCELED, [JobState.QUEUED], "canceled before it resumed",
                          error={"reason": FailureReason.CANCELED.value, "message": "Canceled before it resumed."})
         return "canceled"
-    out = settings.artifacts_dir / job_id
+    out = settings.job_dir(job_id)
     resume_from = checkpoint.saved_step(out)
     if job.attempt:
         store.rewind_metrics(job_id, resume_from)

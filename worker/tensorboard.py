@@ -25,7 +25,7 @@ from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.types_pb2 import DT_STRING
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from app.schemas import StepRecord, Summary
+from app.core.records import StepRecord, Summary
 
 log = logging.getLogger("mpjobs.worker")
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from app.errors import JobFailed
-from app.schemas import JobSpec, StepRecord, Summary
+from app.core.errors import JobFailed
+from app.core.records import StepRecord, Summary
+from app.core.spec import JobSpec
 
 EXIT_FAILED = 1
 EXIT_BAD_SPEC = 2

@@ -1,0 +1,1 @@
+"""HTTP only: routes, dependencies, the service functions behind them, response models and comparison reports."""

@@ -1,3 +1,5 @@
+"""What a route depends on: the store, the RQ connection, settings and the caller's tenant."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -5,8 +7,9 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from redis import Redis
 
-from app.auth import tenant_for
-from app.config import Settings
+from app.api.auth import tenant_for
+from app.api.services import LiveWorkers
+from app.core.config import Settings
 from app.store import JobStore
 
 
@@ -19,6 +22,11 @@ async def get_rq_redis(request: Request) -> Redis:
     """RQ's connection: raw bytes (RQ stores pickles), unlike the store's decoded one."""
     redis: Redis = request.app.state.rq_redis
     return redis
+
+
+async def get_live_workers(request: Request) -> LiveWorkers:
+    workers: LiveWorkers = request.app.state.live_workers
+    return workers
 
 
 async def get_store(request: Request) -> JobStore:
@@ -34,4 +42,5 @@ async def get_tenant(request: Request, authorization: Annotated[str | None, Head
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 RQRedisDep = Annotated[Redis, Depends(get_rq_redis)]
 StoreDep = Annotated[JobStore, Depends(get_store)]
+WorkersDep = Annotated[LiveWorkers, Depends(get_live_workers)]
 TenantDep = Annotated[str, Depends(get_tenant)]

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from redis.asyncio import Redis
 
-from app.resources import JobState
-from app.store import events_key, job_key, metrics_key
+from app.core.job import JobState
+from app.store.keys import STEP_FIELD, entry_id, events_key, job_key, metrics_key, number_of
 
 BLOCK_MS = 1000
 """Longest one XREAD waits; also how often a silent stream checks for a disconnect."""
@@ -23,15 +23,15 @@ def _event(kind: str, data: str, event_id: str | None = None) -> str:
 async def stream_job(
     redis: Redis, job_id: str, after_step: int, disconnected: Callable[[], Awaitable[bool]]
 ) -> AsyncIterator[str]:
-    cursors = {metrics_key(job_id): f"{after_step}-0", events_key(job_id): "0-0"}
+    cursors = {metrics_key(job_id): entry_id(after_step), events_key(job_id): entry_id(0)}
     terminal = False
     while not await disconnected():
         found = await redis.xread(cursors, count=BATCH, block=None if terminal else BLOCK_MS)
         for stream, entries in found or []:
-            for entry_id, fields in entries:
-                cursors[stream] = entry_id
+            for stream_id, fields in entries:
+                cursors[stream] = stream_id
                 if stream == metrics_key(job_id):
-                    yield _event("metrics", fields["r"], entry_id.split("-")[0])
+                    yield _event("metrics", fields[STEP_FIELD], str(number_of(stream_id)))
                 else:
                     terminal = terminal or JobState(fields["state"]).terminal
                     yield _event("state", json.dumps(fields))

@@ -15,8 +15,8 @@ from app.cli.errors import CliError, Exit, exit_for
 from app.cli.spec import build_spec, file_spec
 from app.cli.watch import POLL_INTERVAL_S, watch, watch_comparison
 from app.cli.words import comparison_report, spec_words, summary_lines, table
-from app.resources import JobState
-from app.schemas import StepRecord
+from app.core.job import JobState
+from app.core.records import StepRecord
 
 PAGE_LIMIT = 10_000
 """Steps per metrics request: the API's own cap."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from app.resources import JobState
+from app.core.job import JobState
 
 
 class Exit(IntEnum):

@@ -8,8 +8,8 @@ from typing import Any
 
 from app.cli.commands import cmd_cancel, cmd_compare, cmd_list, cmd_metrics, cmd_show, cmd_submit, cmd_watch
 from app.cli.spec import variant
-from app.resources import JobState
-from app.schemas import LossScaleMode, PrecisionPolicy
+from app.core.job import JobState
+from app.core.spec import LossScaleMode, PrecisionPolicy
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 MODELS = ("mlp", "cnn", "conv3d_unet", "transformer")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from app.cli.errors import CliError, Exit
-from app.schemas import LossScaleMode, PrecisionPolicy
+from app.core.spec import LossScaleMode, PrecisionPolicy
 
 
 def read_spec(path: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import httpx
 from app.cli.api import Api
 from app.cli.errors import CliError, Exit, exit_for
 from app.cli.words import duration, num, scale_num, summary_lines
-from app.resources import JobState
+from app.core.job import JobState
 
 REDRAW_INTERVAL_S = 0.1
 """A terminal progress bar redraws at most this often; faster is flicker, not information."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from app.formats import number, percent, rate, ratio, speed_words
-from app.resources import JobState
+from app.core.formats import number, percent, rate, ratio, speed_words
+from app.core.job import JobState
 
 
 def num(value: Any) -> str:

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from app.rollup import ROLLUP_STEPS, Rollup
-from app.schemas import StepRecord
+from app.core.records import StepRecord
 from app.store import RAW_BUCKET_LIMIT, JobStore
+from app.store.rollup import ROLLUP_STEPS, Rollup
 
 
 def write(store: JobStore, job_id: str, steps: int) -> list[StepRecord]:

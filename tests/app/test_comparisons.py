@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from app import comparisons
-from app.formats import percent
-from app.resources import Job, JobError, JobState, Progress, WorkerInfo
-from app.schemas import ComparisonSpec, Diagnosis, PrecisionSpeed, Summary, VariantSpeed, speed_difference
+from app.api import reports
+from app.core.formats import percent
+from app.core.job import Job, JobError, JobState, Progress, WorkerInfo
+from app.core.records import Diagnosis, PrecisionSpeed, Summary, VariantSpeed, speed_difference
+from app.core.spec import ComparisonSpec
 
 SPEC = ComparisonSpec.model_validate({"spec": {"model": {"name": "mlp"}}})
 LABELS = ["float32", "mixed_float16 + dynamic", "mixed_float16 + none", "mixed_bfloat16"]
@@ -50,8 +51,8 @@ def job(index: int, loss: float | None, throughput: float = 1000.0, state: JobSt
     )
 
 
-def report(jobs: list[Job]) -> comparisons.Comparison:
-    return comparisons.build("c1", None, "2026-12-01T00:00:00+00:00", SPEC, jobs)
+def report(jobs: list[Job]) -> reports.Comparison:
+    return reports.build("c1", None, "2026-12-01T00:00:00+00:00", SPEC, jobs)
 
 
 def test_gaps_measured_speeds_and_a_recommendation() -> None:

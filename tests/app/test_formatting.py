@@ -1,4 +1,4 @@
-"""One number, one text: the CLI's formats (app/formats.py) and the dashboard's (app/static/js/dom.js)
+"""One number, one text: the CLI's formats (app/core/formats.py) and the dashboard's (app/static/js/dom.js)
 give the same text for the same values. The JavaScript runs in the headless Chromium the dashboard test uses."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
 
-from app.formats import number, percent, rate, ratio, speed_words
+from app.core.formats import number, percent, rate, ratio, speed_words
 from tests.browser import headless_chromium
 from tests.stack import ROOT
 

@@ -3,9 +3,10 @@ once the job has ended, the steps after the last one stored."""
 
 from __future__ import annotations
 
-from app import services
-from app.resources import JobState
-from app.schemas import JobSpec, StepRecord, Summary
+from app.api import services
+from app.core.job import JobState
+from app.core.records import StepRecord, Summary
+from app.core.spec import JobSpec
 from app.store import JobStore
 
 TENANT = "t"

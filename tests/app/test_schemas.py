@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from app.schemas import JobSpec
+from app.core.spec import JobSpec
 
 
 def errors_of(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -158,7 +158,7 @@ def test_every_accepted_loss_name_is_the_keras_loss_it_stands_for() -> None:
     import keras
     from keras.src.losses import ALL_OBJECTS_DICT
 
-    from app.schemas import KERAS_LOSSES, LOSS_ALIASES
+    from app.core.model_specs import KERAS_LOSSES, LOSS_ALIASES
 
     functions = {name: keras.losses.get(name) for name in KERAS_LOSSES if name != "output_mean"}
     assert all(fn.__name__ == name for name, fn in functions.items())
@@ -176,7 +176,7 @@ def test_every_accepted_loss_name_is_the_keras_loss_it_stands_for() -> None:
 
 
 def test_comparison_jobs_are_named_after_the_comparison_or_the_model_never_after_the_specs_policy() -> None:
-    from app.schemas import ComparisonSpec
+    from app.core.spec import ComparisonSpec
 
     spec = {"name": "mlp mixed_float16", "model": MLP, "precision_policy": "mixed_float16", "loss_scale": "none"}
     jobs = ComparisonSpec.model_validate({"spec": spec}).job_specs()

@@ -20,8 +20,9 @@ import pytest
 
 from app.cli import Api, CliError, Exit, build_parser, comparison_report, main, summary_lines
 from app.cli.commands import cmd_compare
-from app.formats import number
-from app.schemas import ComparisonSpec, StepRecord
+from app.core.formats import number
+from app.core.records import StepRecord
+from app.core.spec import ComparisonSpec
 from tests.stack import ROOT, Stack, free_port, wait_until
 
 STEPS = 30

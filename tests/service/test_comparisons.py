@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from app.formats import speed_words
+from app.core.formats import speed_words
 from tests.stack import Stack, wait_until
 from worker.devices import SLOW_RATIO
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.config import Settings
+from app.core.config import Settings
 from tests.stack import Stack, private_stack, wait_until
 
 LEASE_S, REAP_INTERVAL_S = 2.0, 0.5

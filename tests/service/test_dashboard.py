@@ -19,7 +19,7 @@ from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.wait import WebDriverWait
 
 from app.cli.words import precision_speed_words, speed_cell
-from app.formats import number, percent, rate
+from app.core.formats import number, percent, rate
 from tests.browser import headless_chromium
 from tests.stack import ROOT, Stack, private_stack
 
@@ -344,7 +344,7 @@ def test_compare_precisions_shows_the_verdict_table_and_overlaid_losses(
     rows = browser.find_elements(By.CSS_SELECTOR, '[data-testid="variant-row"]')
     assert [r.find_element(By.CSS_SELECTOR, "th a").text for r in rows] == labels
     assert [r.get_attribute("data-job-id") for r in rows] == [v["job_id"] for v in comparison["variants"]]
-    # Every number in the table reads as the CLI's table (app/formats.py) writes it.
+    # Every number in the table reads as the CLI's table (app/core/formats.py) writes it.
     cells = browser.execute_script("""return [...document.querySelectorAll('[data-testid="variant-row"]')]
         .map((row) => [...row.querySelectorAll("td.num")].map((td) => td.innerText));""")
     assert cells == [[or_dash(v["final_loss"], number), or_dash(v["loss_gap"], lambda gap: percent(gap, sign=True)),

@@ -13,8 +13,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from app.config import Settings  # noqa: E402
-from app.schemas import JobSpec  # noqa: E402
+from app.core.config import Settings
+from app.core.spec import JobSpec
 from worker import checkpoint  # noqa: E402
 from worker.engine import RunResult, run_job  # noqa: E402
 from worker.models import build_model  # noqa: E402

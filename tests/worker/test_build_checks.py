@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from keras import layers
 
-from app.errors import FailureReason, JobFailed
+from app.core.errors import FailureReason, JobFailed
 from tests.worker.conftest import Train, spec_of
 from worker.failures import missing_kernel
 from worker.models import build_model

@@ -70,16 +70,18 @@ def test_maxpool3d_runs_under_mixed_float16_on_cpu_in_float32(train: Train) -> N
 def test_missing_kernel_error_becomes_a_named_failure() -> None:
     import tensorflow as tf
 
-    from app.errors import FailureReason
+    from app.core.errors import FailureReason
     from worker.devices import detect_device
-    from worker.engine import _map_failure
+    from worker.failures import named_failure
+
+    device = detect_device()
 
     spec = spec_of(model=UNET, precision_policy="mixed_float16")
     volume = tf.zeros((1, 4, 4, 4, 1), tf.float16)
     for run in (tf.nn.max_pool3d, tf.function(tf.nn.max_pool3d)):  # eager and graph say it differently
         with pytest.raises(Exception) as raised:
             run(volume, 2, 2, "VALID")
-        failure = _map_failure(raised.value, spec, detect_device())
+        failure = named_failure(raised.value, spec.precision_policy.compute_dtype, device.backend, device.kind)
         assert failure.reason is FailureReason.UNSUPPORTED_PRECISION_ON_DEVICE
         assert "MaxPool3D" in failure.message and "Fix:" in failure.message
         assert "Traceback" not in failure.message

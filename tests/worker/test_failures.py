@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from app.errors import FailureReason, JobFailed
+from app.core.errors import FailureReason, JobFailed
 from tests.worker.conftest import Train, spec_of
 from worker import checkpoint
 
@@ -53,9 +53,11 @@ def test_xla_precision_refusal_is_a_named_unsupported_precision() -> None:
     """JAX's CPU backend refuses float16 attention with float32 accumulation (seen with a
     transformer under mixed_float16): a named failure with its fix, not `internal`."""
     from worker.devices import detect_device
-    from worker.engine import _map_failure
+    from worker.failures import named_failure
+
+    device = detect_device()
 
     error = RuntimeError("INVALID_ARGUMENT: The precision 'F16_F16_F32' is not supported by dot_general on CPU.")
-    failure = _map_failure(error, spec_of(precision_policy="mixed_float16"), detect_device())
+    failure = named_failure(error, "float16", device.backend, device.kind)
     assert failure.reason is FailureReason.UNSUPPORTED_PRECISION_ON_DEVICE
     assert "float16 kernel for op dot_general" in failure.message and "mixed_bfloat16 or float32" in failure.message

@@ -12,8 +12,8 @@ import keras
 import numpy as np
 import pytest
 
-from app.config import Settings
-from app.errors import FailureReason, JobFailed
+from app.core.config import Settings
+from app.core.errors import FailureReason, JobFailed
 from tests.worker.conftest import Train, spec_of
 
 ROOT = Path(__file__).resolve().parents[2]

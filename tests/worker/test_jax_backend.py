@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config import Settings
+from app.core.config import Settings
 from tests.worker.conftest import Train
 from tests.worker.test_numerics import partial_underflow_case, regularized_case
 
@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import json, sys, tempfile
 from pathlib import Path
-from app.config import Settings
-from app.schemas import JobSpec
+from app.core.config import Settings
+from app.core.spec import JobSpec
 from worker.engine import run_job
 from worker.telemetry import ListReporter
 
@@ -68,8 +68,8 @@ def test_engine_runs_and_resumes_under_jax() -> None:
 AGREE_SCRIPT = """
 import json, sys, tempfile
 from pathlib import Path
-from app.config import Settings
-from app.schemas import JobSpec
+from app.core.config import Settings
+from app.core.spec import JobSpec
 from worker.engine import run_job
 from worker.telemetry import ListReporter
 

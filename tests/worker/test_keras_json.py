@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from keras import layers
 
-from app.config import Settings
-from app.schemas import PrecisionPolicy
+from app.core.config import Settings
+from app.core.spec import PrecisionPolicy
 from tests.worker.conftest import Train, initial_weights, spec_of
 from worker.data import synthetic
 from worker.models import build_model
@@ -202,8 +202,8 @@ def test_penalties_are_computed_in_float32(policy: str) -> None:
 JAX_SCRIPT = """
 import json, sys, tempfile
 import numpy as np, keras
-from app.config import Settings
-from app.schemas import JobSpec
+from app.core.config import Settings
+from app.core.spec import JobSpec
 from worker.engine import run_job
 from worker.models import build_model
 from worker.telemetry import ListReporter

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from app.config import Settings
-from app.schemas import JobSpec, PrecisionPolicy
+from app.core.config import Settings
+from app.core.spec import JobSpec, PrecisionPolicy
 from tests.worker.conftest import Train, initial_weights, spec_of
 from worker.devices import detect_device
 from worker.engine import Training, never

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from keras import ops
 
-from worker.optimizer import TELEMETRY_FIELDS, TelemetryOptimizer
+from worker.optimizer import TelemetryOptimizer
+from worker.step_vector import TELEMETRY_FIELDS
 from worker.telemetry import BatchLoss
 
 

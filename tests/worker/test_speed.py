@@ -13,10 +13,11 @@ import pytest
 from pydantic import ValidationError
 
 from app.cli.words import precision_speed_words
-from app.config import MIN_SPEED_ROUNDS, Settings
-from app.errors import UnsupportedPrecision
-from app.formats import speed_words
-from app.schemas import JobSpec, PrecisionPolicy, PrecisionSpeed, Variant, speed_difference
+from app.core.config import MIN_SPEED_ROUNDS, Settings
+from app.core.errors import UnsupportedPrecision
+from app.core.formats import speed_words
+from app.core.records import PrecisionSpeed, speed_difference
+from app.core.spec import JobSpec, PrecisionPolicy, Variant
 from tests.worker.conftest import Train, spec_of, trained_weights
 from worker import engine
 from worker import speed as speed_module
@@ -95,8 +96,8 @@ def test_a_failed_speed_check_leaves_the_job_succeeded_without_a_figure(
     def broken(*args: object, **kwargs: object) -> PrecisionSpeed:
         raise MemoryError("no room for two more copies of the model")
 
-    monkeypatch.setattr(engine, "measure_all", broken)
-    with caplog.at_level(logging.WARNING, logger="worker.engine"):
+    monkeypatch.setattr(speed_module, "measure_all", broken)
+    with caplog.at_level(logging.WARNING, logger="worker.speed"):
         result, _ = train(spec_of(precision_policy="mixed_float16", training={"steps": 4}), settings=checked)
     assert result.status == "succeeded" and result.summary.precision_speed is None
     assert "speed check failed" in caplog.text and "MemoryError" in caplog.text

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from app.schemas import StepRecord
+from app.core.records import StepRecord
 from worker.tensorboard import TAGS, TensorBoardReporter
 
 

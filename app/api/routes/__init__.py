@@ -1,0 +1,1 @@
+"""One router per resource: jobs, metrics, comparisons, health, Prometheus and the dashboard."""

@@ -1,3 +1,5 @@
+"""Routes of /comparisons: create, list, read with its verdict, cancel."""
+
 from __future__ import annotations
 
 from typing import Annotated, Any
@@ -5,10 +7,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
 
-from app import services
+from app.api import services
 from app.api.deps import RQRedisDep, StoreDep, TenantDep
-from app.resources import ERROR_RESPONSES, Comparison, ComparisonPage, ErrorBody
-from app.schemas import ComparisonSpec
+from app.api.resources import ERROR_RESPONSES, Comparison, ComparisonPage, ErrorBody
+from app.core.spec import ComparisonSpec
 
 router = APIRouter(prefix="/comparisons", tags=["comparisons"], responses=ERROR_RESPONSES)
 NOT_FOUND: dict[int | str, dict[str, Any]] = {

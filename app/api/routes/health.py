@@ -1,11 +1,13 @@
+"""Routes of /healthz and /readyz: the process is up; Redis and workers are reachable."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 from fastapi.concurrency import run_in_threadpool
 
-from app import services
-from app.api.deps import RQRedisDep, TenantDep
-from app.resources import ERROR_RESPONSES, ErrorBody, Health
+from app.api import services
+from app.api.deps import RQRedisDep, TenantDep, WorkersDep
+from app.api.resources import ERROR_RESPONSES, ErrorBody, Health
 
 router = APIRouter(tags=["health"])
 
@@ -19,9 +21,9 @@ async def healthz() -> Health:
 @router.get("/readyz", response_model=Health, responses={
     **ERROR_RESPONSES, 503: {"model": Health | ErrorBody, "description": "No workers, or Redis unreachable"},
 })
-async def readyz(redis: RQRedisDep, response: Response, tenant: TenantDep) -> Health:
+async def readyz(redis: RQRedisDep, workers: WorkersDep, response: Response, tenant: TenantDep) -> Health:
     """Readiness: Redis answers, and live workers per queue."""
-    health = await run_in_threadpool(services.readiness, redis)
+    health = await run_in_threadpool(services.readiness, redis, workers)
     if health.status != "ok":
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     return health

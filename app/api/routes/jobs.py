@@ -1,3 +1,5 @@
+"""Routes of /jobs: submit (idempotent), list, read, cancel, download the trained model."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -6,11 +8,12 @@ from fastapi import APIRouter, Body, Header, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
-from app import services
-from app.api.deps import RQRedisDep, SettingsDep, StoreDep, TenantDep
+from app.api import services
+from app.api.deps import RQRedisDep, SettingsDep, StoreDep, TenantDep, WorkersDep
 from app.api.examples import SPEC_EXAMPLES
-from app.resources import JOB_ERROR_RESPONSES, Job, JobPage, JobState
-from app.schemas import JobSpec
+from app.api.resources import JOB_ERROR_RESPONSES, JobPage
+from app.core.job import Job, JobState
+from app.core.spec import JobSpec
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=JOB_ERROR_RESPONSES)
 
@@ -44,8 +47,8 @@ async def list_jobs(
 
 
 @router.get("/{job_id}", response_model=Job)
-async def get_job(job_id: str, store: StoreDep, tenant: TenantDep, redis: RQRedisDep) -> Job:
-    return await run_in_threadpool(services.get, store, job_id, tenant, redis)
+async def get_job(job_id: str, store: StoreDep, tenant: TenantDep, workers: WorkersDep) -> Job:
+    return await run_in_threadpool(services.get, store, job_id, tenant, workers)
 
 
 @router.delete("/{job_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Job)

@@ -1,3 +1,5 @@
+"""Routes of a job's metrics: pages of steps, bucketed views, and the live Server-Sent Events stream."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -6,10 +8,11 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from app import services
+from app.api import services
 from app.api.deps import StoreDep, TenantDep
+from app.api.resources import JOB_ERROR_RESPONSES
 from app.api.sse import stream_job
-from app.resources import JOB_ERROR_RESPONSES, MetricsBuckets, MetricsPage
+from app.core.job import MetricsBuckets, MetricsPage
 
 router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"], responses=JOB_ERROR_RESPONSES)
 

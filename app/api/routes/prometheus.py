@@ -14,14 +14,14 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from redis import Redis
 from rq import Queue, Worker
 
-from app import queue as queues
 from app.api.deps import RQRedisDep, StoreDep
-from app.resources import JobState
-from app.schemas import Diagnosis
+from app.core.job import JobState
+from app.core.records import DiagnosisCode
 from app.store import JobStore
+from app.store import queue as queues
 
 router = APIRouter(tags=["health"])
-DIAGNOSIS_CODES: tuple[str, ...] = Diagnosis.model_fields["code"].annotation.__args__  # type: ignore[union-attr]
+DIAGNOSIS_CODES: tuple[str, ...] = tuple(code.value for code in DiagnosisCode)
 DEVICE_CLASSES = ("gpu", "cpu")
 
 

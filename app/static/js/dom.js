@@ -27,7 +27,7 @@ export function errorBanner(error) {
   return h("p", { class: "banner error", role: "alert" }, error.message || String(error));
 }
 
-// Numbers as the CLI shows them too: each fmt* below has a twin in app/formats.py, and
+// Numbers as the CLI shows them too: each fmt* below has a twin in app/core/formats.py, and
 // tests/app/test_formatting.py checks that both give the same text for the same values.
 // toExponential and toFixed round the exact binary value, ties away from zero; so does the CLI.
 
@@ -88,7 +88,7 @@ export function fmtRatio(value) {
   return `${Math.abs(Number(fixed)) >= 0.1 || value === 0 ? fixed : significant(value, 2)}×`;
 }
 
-// A measured speed against float32 in words, with its interval: twin of app/formats.py speed_words.
+// A measured speed against float32 in words, with its interval: twin of app/core/formats.py speed_words.
 // `slowdown` is step time over float32's; `difference` is the measurement's own call, never re-judged here.
 export function fmtSpeed(slowdown, low, high, difference) {
   const bare = (v) => fmtRatio(v).slice(0, -1);

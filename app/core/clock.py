@@ -1,4 +1,4 @@
-"""The one clock. Tests patch `app.clock.now` where they need time to stand still."""
+"""The one clock. Tests patch `app.core.clock.now` where they need time to stand still."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from app.resources import Bucket, Stat
+from app.core.job import Bucket, Stat
 
 ROLLUP_STEPS = 64
 """Steps per stored rollup."""

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 
-from app.formats import percent, speed_words
-from app.resources import Comparison, Job, JobState, VariantResult
-from app.schemas import ComparisonSpec, Diagnosis, Variant, VariantSpeed
+from app.api.resources import Comparison, VariantResult
+from app.core.formats import percent, speed_words
+from app.core.job import Job, JobState
+from app.core.records import Diagnosis, DiagnosisCode, VariantSpeed
+from app.core.spec import ComparisonSpec, Variant
 
-UNDERFLOW = "gradient_underflow"
-SLOW = "slow_precision_on_device"
+UNDERFLOW = DiagnosisCode.GRADIENT_UNDERFLOW
+SLOW = DiagnosisCode.SLOW_PRECISION_ON_DEVICE
 
 
 def build(comparison_id: str, name: str | None, created_at: str, spec: ComparisonSpec,

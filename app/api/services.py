@@ -9,15 +9,15 @@ from pathlib import Path
 from redis import Redis
 from rq import Queue, worker_registration
 
-from app import comparisons
-from app import queue as queues
-from app.config import Settings
-from app.errors import ArtifactNotFound, ComparisonNotFound, IdempotencyConflict, JobNotFound, ServiceUnavailable
-from app.resources import Comparison, ComparisonPage, Health, Job, JobPage, JobState, MetricsPage
-from app.schemas import ComparisonSpec, JobSpec
+from app.api import reports
+from app.api.resources import Comparison, ComparisonPage, Health, JobPage
+from app.core.config import MODEL_ARTIFACT, Settings
+from app.core.errors import ArtifactNotFound, ComparisonNotFound, IdempotencyConflict, JobNotFound, ServiceUnavailable
+from app.core.job import Job, JobState, MetricsPage
+from app.core.spec import ComparisonSpec, JobSpec
 from app.store import VIEW_TTL_S, ComparisonRecord, JobStore
+from app.store import queue as queues
 
-MODEL_ARTIFACT = "model.keras"
 MAX_PAGE = 10_000
 """Most step records one metrics page returns."""
 
@@ -51,39 +51,42 @@ def submit(store: JobStore, rq_redis: Redis, spec: JobSpec, tenant: str,
     return get(store, job_id, tenant), True
 
 
-def get(store: JobStore, job_id: str, tenant: str, rq_redis: Redis | None = None) -> Job:
+def get(store: JobStore, job_id: str, tenant: str, workers: LiveWorkers | None = None) -> Job:
     """The job, or JobNotFound: another tenant's job is indistinguishable from none.
 
-    With `rq_redis`, a queued job that no live worker can take says why.
+    With `workers`, a queued job that no live worker can take says why (in the copy returned).
     """
     job = store.get(job_id, tenant)
     if job is None:
         raise JobNotFound(job_id)
-    if rq_redis is not None and job.state is JobState.QUEUED:
-        if not live_workers(rq_redis, job.queue):
-            kind = {"gpu": "a GPU worker", "cpu": "a CPU worker"}.get(job.queue, "a worker")
-            job.waiting_reason = (f"No live worker listens on queue '{job.queue}': it waits until {kind} "
-                                  "starts (python -m worker).")
+    if workers is not None and job.state is JobState.QUEUED and not workers.count(job.queue):
+        kind = {"gpu": "a GPU worker", "cpu": "a CPU worker"}.get(job.queue, "a worker")
+        return job.model_copy(update={"waiting_reason": (
+            f"No live worker listens on queue '{job.queue}': it waits until {kind} starts (python -m worker).")})
     return job
 
 
-WORKER_COUNT_TTL_S = 1.0
-"""How long one API process reuses a queue's live-worker count."""
-_worker_counts: dict[tuple[int, str], tuple[float, int]] = {}
+class LiveWorkers:
+    """Live workers per queue, as one API process sees them: each queue counted at most once a second."""
 
+    TTL_S = 1.0
 
-def live_workers(rq_redis: Redis, queue: str) -> int:
-    """Workers registered on `queue` whose RQ key has not expired. A killed worker stays in RQ's
-    per-queue set until someone cleans it, and only live workers do: so clean it here, then count.
-    The count is reused for a second, so polling a queued job does not redo this each time."""
-    now, key = time.monotonic(), (id(rq_redis), queue)
-    counted = _worker_counts.get(key)
-    if counted is not None and now - counted[0] < WORKER_COUNT_TTL_S:
-        return counted[1]
-    worker_registration.clean_worker_registry(Queue(queue, connection=rq_redis))
-    count = int(rq_redis.scard(worker_registration.WORKERS_BY_QUEUE_KEY % queue))
-    _worker_counts[key] = (now, count)
-    return count
+    def __init__(self, rq_redis: Redis) -> None:
+        self.rq_redis = rq_redis
+        self._counts: dict[str, tuple[float, int]] = {}
+
+    def count(self, queue: str) -> int:
+        """Workers registered on `queue` whose RQ key has not expired. A killed worker stays in RQ's
+        per-queue set until someone cleans it, and only live workers do: so clean it here, then count.
+        The count is reused for TTL_S, so polling a queued job does not redo this each time."""
+        now = time.monotonic()
+        counted = self._counts.get(queue)
+        if counted is not None and now - counted[0] < self.TTL_S:
+            return counted[1]
+        worker_registration.clean_worker_registry(Queue(queue, connection=self.rq_redis))
+        count = int(self.rq_redis.scard(worker_registration.WORKERS_BY_QUEUE_KEY % queue))
+        self._counts[queue] = (now, count)
+        return count
 
 
 def list_jobs(store: JobStore, tenant: str, state: JobState | None, limit: int, cursor: int | None) -> JobPage:
@@ -92,15 +95,19 @@ def list_jobs(store: JobStore, tenant: str, state: JobState | None, limit: int, 
 
 
 def cancel(store: JobStore, rq_redis: Redis, job_id: str, tenant: str) -> Job:
-    """Queued: canceled at once. Running: stops at its next step. Terminal: unchanged."""
+    """Queued: canceled at once. Running: stops at its next step. Terminal: unchanged.
+
+    One read to decide, the change, one read of the result.
+    """
     job = get(store, job_id, tenant)
+    running = job.state is JobState.RUNNING
     if job.state is JobState.QUEUED:
-        moved, _ = store.transition(job_id, JobState.CANCELED, [JobState.QUEUED], "canceled before it started",
-                                    error={"reason": "canceled", "message": "Canceled before it started."})
+        moved, now = store.transition(job_id, JobState.CANCELED, [JobState.QUEUED], "canceled before it started",
+                                      error={"reason": "canceled", "message": "Canceled before it started."})
         if moved:
             Queue(job.queue, connection=rq_redis).remove(store.rq_job_id(job_id))
-            return get(store, job_id, tenant)
-    if get(store, job_id, tenant).state is JobState.RUNNING:
+        running = now is JobState.RUNNING  # it started in between: stop it at its next step
+    if running:
         store.request_cancel(job_id)
     return get(store, job_id, tenant)
 
@@ -142,16 +149,16 @@ def buckets_json(store: JobStore, job_id: str, tenant: str, max_points: int) -> 
 
 def artifact(store: JobStore, settings: Settings, job_id: str, tenant: str) -> Path:
     get(store, job_id, tenant)
-    path = settings.artifacts_dir / job_id / MODEL_ARTIFACT
+    path = settings.model_path(job_id)
     if not path.is_file():
         raise ArtifactNotFound(job_id, MODEL_ARTIFACT)
     return path
 
 
-def readiness(rq_redis: Redis) -> Health:
+def readiness(rq_redis: Redis, workers: LiveWorkers) -> Health:
     rq_redis.ping()
-    workers = {name: live_workers(rq_redis, name) for name in queues.QUEUES}
-    return Health(status="ok" if any(workers.values()) else "no_workers", redis="ok", workers=workers)
+    counts = {name: workers.count(name) for name in queues.QUEUES}
+    return Health(status="ok" if any(counts.values()) else "no_workers", redis="ok", workers=counts)
 
 
 # -- precision comparisons ---------------------------------------------------------
@@ -170,7 +177,7 @@ def _report(store: JobStore, record: ComparisonRecord) -> Comparison:
     jobs = store.get_many(record.job_ids)
     if any(job is None for job in jobs):
         raise ComparisonNotFound(record.id)  # its jobs were deleted from Redis by hand
-    return comparisons.build(record.id, record.name, record.created_at, record.spec,
+    return reports.build(record.id, record.name, record.created_at, record.spec,
                              [job for job in jobs if job is not None])
 
 

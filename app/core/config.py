@@ -11,6 +11,10 @@ MIN_SPEED_ROUNDS = 5
 """Quartiles of fewer per-round ratios say little; even 5 once called an A/A pair different under load."""
 
 
+MODEL_ARTIFACT = "model.keras"
+"""The trained model's file name in a job's folder: `<ARTIFACTS_DIR>/<job id>/model.keras`."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_file=".env", extra="ignore")
 
@@ -40,6 +44,13 @@ class Settings(BaseSettings):
     """Attempts per job, the first included; after the last, a lost worker fails the job (worker_lost)."""
     api_keys: str = ""
     """`key:tenant,...`. Empty: open mode, for a local API bound to 127.0.0.1 only."""
+
+    def job_dir(self, job_id: str) -> Path:
+        """`<ARTIFACTS_DIR>/<job id>`: the job's checkpoint, TensorBoard logs and trained model."""
+        return self.artifacts_dir / job_id
+
+    def model_path(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / MODEL_ARTIFACT
 
 
 def get_settings() -> Settings:

@@ -87,7 +87,7 @@ def ratio(value: float) -> str:
 
 
 def speed_words(slowdown: float, low: float, high: float, difference: str) -> str:
-    """A measured speed against float32 (app.schemas.PrecisionSpeed) with its interval, in words.
+    """A measured speed against float32 (app.core.records.PrecisionSpeed) with its interval, in words.
 
     `slowdown` is the policy's step time over float32's; `low`-`high` its interval; `difference`
     the measurement's own call ("slower", "faster" or "none"), never re-judged from the figures.

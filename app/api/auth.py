@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hmac
 
-from app.errors import Unauthorized
+from app.core.errors import Unauthorized
 
 OPEN_TENANT = "default"
 """The tenant every job belongs to when no API keys are configured."""

@@ -9,7 +9,7 @@ from redis import Redis
 from redis.client import Pipeline
 from rq import Queue
 
-from app.schemas import JobSpec
+from app.core.spec import JobSpec
 
 QUEUES = ("gpu", "cpu", "any")
 TASK = "worker.tasks.run_training"

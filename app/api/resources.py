@@ -1,119 +1,20 @@
-"""What the API returns: job resources, pages, metric points and buckets."""
+"""What the API returns besides a job: pages, comparison reports, errors and health."""
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel
 
-from app.schemas import (
-    ComparisonSpec,
-    Diagnosis,
-    JobSpec,
-    LossScale,
-    PrecisionPolicy,
-    PrecisionSpeed,
-    StepRecord,
-    Summary,
-)
-
-
-class JobState(str, Enum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELED = "canceled"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL_STATES
-
-
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELED})
-
-
-class Transition(BaseModel):
-    state: JobState
-    at: str
-    message: str
-
-
-class Progress(BaseModel):
-    step: int
-    total_steps: int
-
-
-class JobError(BaseModel):
-    reason: str
-    message: str
-
-
-class WorkerInfo(BaseModel):
-    host: str
-    pid: int
-    device: dict[str, Any]
-
-
-class Job(BaseModel):
-    id: str
-    name: str | None
-    state: JobState
-    queue: str
-    spec: JobSpec
-    created_at: str
-    started_at: str | None
-    finished_at: str | None
-    transitions: list[Transition]
-    progress: Progress
-    summary: Summary | None
-    error: JobError | None
-    attempt: int
-    worker: WorkerInfo | None
-    waiting_reason: str | None = None
-    """Why a queued job is not starting, when no live worker listens on its queue."""
-    comparison_id: str | None = None
-    """The precision comparison this job is one variant of."""
+from app.core.job import Job, JobError, JobState, Progress
+from app.core.records import Diagnosis, PrecisionSpeed
+from app.core.spec import ComparisonSpec, LossScale, PrecisionPolicy
 
 
 class JobPage(BaseModel):
     jobs: list[Job]
     next_cursor: str | None
     """Pass as `cursor` for the next (older) page; null on the last page."""
-
-
-class MetricsPage(BaseModel):
-    job_id: str
-    points: list[StepRecord]
-    next_after: int | None
-    """Pass as `after` for the next page; null when no more steps exist yet."""
-    missing_steps: list[tuple[int, int]] = []
-    """Inclusive step ranges that were trained but lost (e.g. to a Redis restart): gaps inside this
-    page and, on an ended job's last page, the steps after the last one stored. Never filled in."""
-
-
-class Stat(BaseModel):
-    min: float | None
-    mean: float | None
-    max: float | None
-
-
-class Bucket(BaseModel):
-    first_step: int
-    last_step: int
-    steps: int
-    loss: Stat
-    grad_norm: Stat
-    loss_scale: Stat
-    skipped: int
-
-
-class MetricsBuckets(BaseModel):
-    job_id: str
-    buckets: list[Bucket]
-    total_steps: int
-    """Steps recorded so far, all covered by the buckets."""
 
 
 class VariantResult(BaseModel):
@@ -170,6 +71,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "API keys are configured and this request has no valid one"},
     503: {"model": ErrorBody, "description": "Redis is unreachable"},
 }
+
+
 JOB_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
     404: {"model": ErrorBody, "description": "No such job (or another tenant's)"},

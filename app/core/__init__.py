@@ -1,0 +1,1 @@
+"""The contract both processes share: specs, records, states, errors, settings, clock, number formats."""

@@ -1,0 +1,102 @@
+"""A job as the store keeps it and both processes read it: states, transitions, progress, worker, metric pages."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel
+
+from app.core.records import StepRecord, Summary
+from app.core.spec import JobSpec
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELED})
+
+
+class Transition(BaseModel):
+    state: JobState
+    at: str
+    message: str
+
+
+class Progress(BaseModel):
+    step: int
+    total_steps: int
+
+
+class JobError(BaseModel):
+    reason: str
+    message: str
+
+
+class WorkerInfo(BaseModel):
+    host: str
+    pid: int
+    device: dict[str, Any]
+
+
+class Job(BaseModel):
+    id: str
+    name: str | None
+    state: JobState
+    queue: str
+    spec: JobSpec
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    transitions: list[Transition]
+    progress: Progress
+    summary: Summary | None
+    error: JobError | None
+    attempt: int
+    worker: WorkerInfo | None
+    waiting_reason: str | None = None
+    """Why a queued job is not starting, when no live worker listens on its queue."""
+    comparison_id: str | None = None
+    """The precision comparison this job is one variant of."""
+
+
+class MetricsPage(BaseModel):
+    job_id: str
+    points: list[StepRecord]
+    next_after: int | None
+    """Pass as `after` for the next page; null when no more steps exist yet."""
+    missing_steps: list[tuple[int, int]] = []
+    """Inclusive step ranges that were trained but lost (e.g. to a Redis restart): gaps inside this
+    page and, on an ended job's last page, the steps after the last one stored. Never filled in."""
+
+
+class Stat(BaseModel):
+    min: float | None
+    mean: float | None
+    max: float | None
+
+
+class Bucket(BaseModel):
+    first_step: int
+    last_step: int
+    steps: int
+    loss: Stat
+    grad_norm: Stat
+    loss_scale: Stat
+    skipped: int
+
+
+class MetricsBuckets(BaseModel):
+    job_id: str
+    buckets: list[Bucket]
+    total_steps: int
+    """Steps recorded so far, all covered by the buckets."""

@@ -1,0 +1,151 @@
+"""What a run reports: one record per step, diagnoses, speed checks and the summary (JSON has no NaN: null)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import (
+    ConfigDict,
+)
+
+from app.core.strict import Strict
+
+# --- telemetry --------------------------------------------------------------
+
+
+class StepRecord(Strict):
+    """One optimizer step. Non-finite values are null (JSON has no NaN)."""
+
+    step: int
+    loss: float | None
+    """That batch's unscaled loss, not Keras's running mean."""
+    loss_scale: float
+    grad_norm: float | None
+    """Global L2 norm of the unscaled gradients."""
+    grads_finite: bool
+    skipped: bool
+    """True when the update was not applied."""
+    zero_grad_fraction: float
+    """Share of gradient elements that are exactly zero, in float32 before any cast back
+    to the variables' dtype. Zeros that float32 has too are not underflow: see below."""
+    regularization_loss: float | None = None
+    """The model's weight penalties at this step (None: the model has none). Not in `loss`."""
+    excess_zero_fraction: float | None = None
+    """On checked steps only: share of gradient values zero under the policy but not in float32."""
+    grad_rel_error: float | None = None
+    """On checked steps only: ||g_policy - g_float32|| / ||g_float32||, both unscaled."""
+    learning_rate: float
+    examples_per_sec: float
+    step_time_ms: float
+    time: float
+    """Unix time at the end of the step."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+class DiagnosisCode(StrEnum):
+    """Every diagnosis a summary can carry; docs/numerics.md says what earns each."""
+
+    GRADIENT_UNDERFLOW = "gradient_underflow"
+    OVERFLOW_SKIPS = "overflow_skips"
+    DIVERGED = "diverged"
+    SLOW_PRECISION_ON_DEVICE = "slow_precision_on_device"
+    FLOAT32_FALLBACK = "float32_fallback"
+    HALF_PRECISION_OUTPUT = "half_precision_output"
+
+
+class Diagnosis(Strict):
+    code: DiagnosisCode
+    message: str
+    first_step: int | None
+
+
+SpeedDifference = Literal["slower", "faster", "none"]
+"""What a speed check can tell: measurably slower or faster than float32, or no measurable difference."""
+
+
+class PrecisionSpeed(Strict):
+    """A policy's training speed against float32 on one device, measured in turns (worker/speed.py).
+
+    Fresh copies of the model, built, compiled and warmed the same way, take turns
+    training a few steps each on the same batches, round after round, in rotated
+    order: the policy, float32, and a second float32 copy (the A/A pair that shows
+    how much two identical sides differ on this machine now). Each round gives one
+    ratio per side, its step time over float32's in that round; the figures are the
+    median and quartiles of those ratios, so drift that hits all sides alike cancels.
+    """
+
+    policy_ms: float
+    """Median step time under the policy."""
+    float32_ms: float
+    slowdown: float
+    """Median over rounds of policy / float32 step time: above 1 the policy is slower here."""
+    steps: int
+    """Timed steps on each side."""
+    low: float | None = None
+    """First quartile of the per-round ratios (None on a record from before the interval existed)."""
+    high: float | None = None
+    """Third quartile of the per-round ratios."""
+    noise_low: float | None = None
+    """First quartile of float32 against float32 (the A/A noise of this measurement)."""
+    noise_high: float | None = None
+    rounds: int = 0
+    difference: SpeedDifference = "none"
+    """"slower" only when the whole interval lies above both 1 and the A/A noise, "faster" only when
+    it lies below both; otherwise no measurable difference. See `speed_difference`."""
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return (self.slowdown if self.low is None else self.low, self.slowdown if self.high is None else self.high)
+
+
+def speed_difference(low: float, high: float, noise_low: float, noise_high: float) -> SpeedDifference:
+    """Whether a slowdown interval [low, high] is beyond the A/A noise [noise_low, noise_high] and 1.
+
+    >>> speed_difference(1.3, 1.5, 0.96, 1.05), speed_difference(0.97, 1.08, 0.96, 1.05)
+    ('slower', 'none')
+    >>> speed_difference(0.6, 0.7, 0.96, 1.05), speed_difference(1.03, 1.04, 0.99, 1.05)
+    ('faster', 'none')
+    """
+    if low > max(1.0, noise_high):
+        return "slower"
+    if high < min(1.0, noise_low):
+        return "faster"
+    return "none"
+
+
+class VariantSpeed(Strict):
+    """One comparison variant timed by the float32 baseline job against float32 (worker/speed.py)."""
+
+    label: str
+    speed: PrecisionSpeed | None
+    error: str | None = None
+    """Why this variant could not be timed (it could not be built or trained here)."""
+    slow_precision: str | None = None
+    """The `slow_precision_on_device` message the measurement earned, if any."""
+
+
+class Summary(Strict):
+    steps_done: int
+    final_loss: float | None
+    """Mean batch loss over the last steps (up to 10), so one batch cannot decide it."""
+    skipped_steps: int
+    loss_scale_min: float | None
+    loss_scale_max: float | None
+    loss_scale_final: float | None
+    peak_zero_grad_fraction: float | None
+    mean_examples_per_sec: float | None
+    float32_checks: int = 0
+    """Steps whose gradient was compared with float32's."""
+    peak_excess_zero_fraction: float | None = None
+    """Largest `excess_zero_fraction` over the checked steps."""
+    peak_grad_rel_error: float | None = None
+    """Largest `grad_rel_error` over the checked steps."""
+    float32_check_error: str | None = None
+    """Why the float32 check stopped, if it failed (the job trained on without it)."""
+    precision_speed: PrecisionSpeed | None = None
+    """On a CPU, for a float16/bfloat16 policy that succeeded: its speed against float32 there."""
+    variant_speeds: list[VariantSpeed] = []
+    """A comparison's float32 baseline only: every other variant's speed against float32, timed in turns."""
+    diagnoses: list[Diagnosis] = []

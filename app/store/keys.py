@@ -1,0 +1,110 @@
+"""Where everything lives in Redis: every key, and the format of a step entry in a metrics stream.
+
+Keys (prefix `mpjobs:`):
+    job:{id}            hash   the job record (state, spec, times, summary, error...)
+    job:{id}:events     stream one entry per state transition (also feeds SSE)
+    job:{id}:metrics    stream one entry per step, entry id `{step}-0`
+    job:{id}:rollup     stream one entry per ROLLUP_STEPS steps, entry id `{index}-0`
+    jobs:{tenant}       zset   the tenant's job ids, scored by creation sequence
+    jobs:{tenant}:{state} zset the tenant's job ids in that state, same scores
+    idem:{tenant}:{sha} string Idempotency-Key -> {fingerprint, job_id}, kept IDEMPOTENCY_TTL_S
+    job:{id}:lease      string the running attempt's lease, renewed while it lives
+    job:{id}:view:{n}   string the `max_points=n` view as JSON (n = 500 or 1000), kept VIEW_TTL_S;
+                               `...:fresh` marks it current (an ended job's: a day; a running one's: 1 s)
+    running             set    ids of running jobs, for the reaper
+    seq                 string creation sequence counter
+    tenants             set    every tenant that has created a job (for /metrics)
+    stats               hash   counters since the database began: steps, skipped_steps, diagnoses:{code}
+    cmp:{id}            hash   a precision comparison: its spec and its variants' job ids
+    cmps:{tenant}       zset   the tenant's comparison ids, scored by creation sequence
+
+A step is one entry of `job:{id}:metrics`, id `{step}-0`, field `r` holding the StepRecord as JSON;
+a rollup one entry of `job:{id}:rollup`, id `{index}-0`, field `a`. Only this module spells them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from app.core.job import JobState
+from app.core.records import StepRecord
+
+PREFIX = "mpjobs:"
+RUNNING = f"{PREFIX}running"
+SEQ = f"{PREFIX}seq"
+TENANTS = f"{PREFIX}tenants"
+STATS = f"{PREFIX}stats"
+JOB_INDEX_PREFIX = f"{PREFIX}jobs:"
+"""`jobs:{tenant}` and `jobs:{tenant}:{state}`: the Lua scripts append the tenant and state themselves."""
+
+
+def job_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}"
+
+
+def events_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:events"
+
+
+def metrics_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:metrics"
+
+
+def rollup_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:rollup"
+
+
+def view_key(job_id: str, max_points: int) -> str:
+    return f"{PREFIX}job:{job_id}:view:{max_points}"
+
+
+def lease_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:lease"
+
+
+def comparison_key(comparison_id: str) -> str:
+    return f"{PREFIX}cmp:{comparison_id}"
+
+
+def comparison_index_key(tenant: str) -> str:
+    return f"{PREFIX}cmps:{tenant}"
+
+
+def index_key(tenant: str, state: JobState | None = None) -> str:
+    return f"{JOB_INDEX_PREFIX}{tenant}" + (f":{state.value}" if state else "")
+
+
+def idempotency_key(tenant: str, key: str) -> str:
+    return f"{PREFIX}idem:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
+# -- stream entries ------------------------------------------------------------
+
+STEP_FIELD = "r"
+"""The field of a metrics entry that holds its StepRecord as JSON."""
+ROLLUP_FIELD = "a"
+"""The field of a rollup entry that holds its Rollup as JSON."""
+
+
+def entry_id(number: int) -> str:
+    """The stream id of step `number` (or rollup `number`): `{number}-0`."""
+    return f"{number}-0"
+
+
+def after(number: int) -> str:
+    """An XRANGE bound that starts just past step `number`."""
+    return f"({number}-0"
+
+
+def number_of(stream_id: str) -> int:
+    """The step (or rollup index) of a stream id: `"42-0"` -> 42."""
+    return int(stream_id.split("-")[0])
+
+
+def step_fields(record: StepRecord) -> dict[str, str]:
+    return {STEP_FIELD: record.model_dump_json()}
+
+
+def step_record(fields: dict[str, Any]) -> StepRecord:
+    return StepRecord.model_validate_json(fields[STEP_FIELD])

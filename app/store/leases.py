@@ -1,0 +1,53 @@
+"""Leases of running attempts, and the reap that requeues (or fails) a job whose lease expired."""
+
+from __future__ import annotations
+
+import json
+
+from app.core import clock
+from app.store.base import RedisBacked
+from app.store.keys import JOB_INDEX_PREFIX, RUNNING, events_key, job_key, lease_key
+
+# Requeue a running job whose lease expired, or fail it after its last attempt. One winner
+# among all reapers: the state and the lease are checked inside the script.
+REAP = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'running' or redis.call('EXISTS', KEYS[4]) == 1 then
+  return 'alive'
+end
+local attempt = tonumber(redis.call('HGET', KEYS[1], 'attempt'))
+local seq = redis.call('HGET', KEYS[1], 'seq')
+local index = ARGV[1] .. redis.call('HGET', KEYS[1], 'tenant') .. ':'
+local to, message = 'queued', 'worker lost during attempt ' .. attempt .. '; requeued to resume from its checkpoint'
+if attempt >= tonumber(ARGV[2]) then
+  to, message = 'failed', 'worker lost during attempt ' .. attempt .. ', the last allowed'
+  redis.call('HSET', KEYS[1], 'finished_at', ARGV[3], 'error', ARGV[4])
+end
+redis.call('HSET', KEYS[1], 'state', to)
+redis.call('XADD', KEYS[2], '*', 'state', to, 'at', ARGV[3], 'message', message)
+redis.call('ZREM', index .. 'running', ARGV[5])
+redis.call('ZADD', index .. to, seq, ARGV[5])
+redis.call('SREM', KEYS[3], ARGV[5])
+return to
+"""
+
+
+class Leases(RedisBacked):
+    """`job:{id}:lease`, renewed while an attempt lives, and the `running` set the reaper walks."""
+
+    SCRIPTS = {"reap": REAP}
+
+    def renew_lease(self, job_id: str, owner: str, ttl_s: float) -> None:
+        self.redis.set(lease_key(job_id), owner, px=int(ttl_s * 1000))
+
+    def drop_lease(self, job_id: str) -> None:
+        self.redis.delete(lease_key(job_id))
+
+    def running_ids(self) -> set[str]:
+        return set(self.redis.smembers(RUNNING))
+
+    def reap(self, job_id: str, max_attempts: int) -> str:
+        """'queued' (requeue it), 'failed' (out of attempts) or 'alive' (nothing to do)."""
+        error = json.dumps({"reason": "worker_lost", "message": (
+            f"The worker running this job disappeared on each of its {max_attempts} attempts.")})
+        keys = [job_key(job_id), events_key(job_id), RUNNING, lease_key(job_id)]
+        return str(self._run("reap", keys, [JOB_INDEX_PREFIX, max_attempts, clock.iso(), error, job_id]))

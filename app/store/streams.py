@@ -1,0 +1,135 @@
+"""Metric streams: a step once per stream id, rollups beside them, read back as pages, latest steps or buckets."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from app.core.job import Bucket, MetricsBuckets, MetricsPage
+from app.core.records import StepRecord, Summary
+from app.store.base import RedisBacked
+from app.store.keys import (
+    ROLLUP_FIELD,
+    STATS,
+    STEP_FIELD,
+    after,
+    entry_id,
+    job_key,
+    metrics_key,
+    number_of,
+    rollup_key,
+    step_fields,
+    step_record,
+)
+from app.store.rollup import ROLLUP_STEPS, Rollup, bucketize_json
+
+RAW_BUCKET_LIMIT = 4096
+"""Up to this many steps, buckets are cut from the raw series; beyond, from rollups."""
+
+# Forget steps after `keep` (a lost attempt's, recomputed from the checkpoint) and let the
+# stream accept them again: each step stays exactly once.
+REWIND = """
+local removed = 0
+for i = 1, 2 do
+  local gone = redis.call('XRANGE', KEYS[i], '(' .. ARGV[i] .. '-0', '+')
+  for _, entry in ipairs(gone) do redis.call('XDEL', KEYS[i], entry[1]) end
+  removed = removed + #gone
+  if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('XSETID', KEYS[i], ARGV[i] .. '-0') end
+end
+return removed
+"""
+
+
+class MetricStreams(RedisBacked):
+    """`job:{id}:metrics` (one entry per step) and `job:{id}:rollup` (one per ROLLUP_STEPS steps)."""
+
+    SCRIPTS = {"rewind": REWIND}
+
+    def append_steps(self, job_id: str, records: Sequence[StepRecord], rollups: Sequence[tuple[int, Rollup]],
+                     summary: Summary | None) -> None:
+        """One round trip: the steps, finished rollups, progress, running summary and the step
+        counters. A resent batch whose steps Redis already holds takes them back off the counters."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for r in records:
+                pipe.xadd(metrics_key(job_id), step_fields(r), id=entry_id(r.step))
+            for index, rollup in rollups:
+                pipe.xadd(rollup_key(job_id), {ROLLUP_FIELD: json.dumps(rollup.to_json())}, id=entry_id(index))
+            fields: dict[str, Any] = {"step": records[-1].step} if records else {}
+            if summary is not None:
+                fields["summary"] = summary.model_dump_json()
+            if fields:
+                pipe.hset(job_key(job_id), mapping=fields)
+            if records:
+                pipe.hincrby(STATS, "steps", len(records))
+                pipe.hincrby(STATS, "skipped_steps", sum(r.skipped for r in records))
+            results = pipe.execute(raise_on_error=False)
+        for result in results:
+            # A resent batch: a step id Redis already holds was written the first time.
+            if isinstance(result, redis.ResponseError) and "equal or smaller" not in str(result):
+                raise result
+        held = [r for r, result in zip(records, results, strict=False) if isinstance(result, Exception)]
+        if held:
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hincrby(STATS, "steps", -len(held))
+                pipe.hincrby(STATS, "skipped_steps", -sum(r.skipped for r in held))
+                pipe.execute()
+
+    def rewind_metrics(self, job_id: str, keep_step: int) -> int:
+        """Drop steps after `keep_step` (and their rollups) so a resumed attempt rewrites them once."""
+        keys = [metrics_key(job_id), rollup_key(job_id)]
+        removed = int(self._run("rewind", keys, [keep_step, keep_step // ROLLUP_STEPS]))
+        self.redis.hset(job_key(job_id), "step", keep_step)
+        return removed
+
+    def latest_records(self, job_ids: Sequence[str]) -> dict[str, StepRecord]:
+        """Each job's newest step record, for those that have one."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.xrevrange(metrics_key(job_id), count=1)
+            found = pipe.execute()
+        return {job_id: step_record(last[0][1]) for job_id, last in zip(job_ids, found, strict=True) if last}
+
+    def read_metrics(self, job_id: str, after_step: int, limit: int) -> MetricsPage:
+        entries = self.redis.xrange(metrics_key(job_id), min=after(after_step), max="+", count=limit)
+        points = [step_record(fields) for _, fields in entries]
+        more = len(points) == limit and bool(
+            self.redis.xrange(metrics_key(job_id), min=after(points[-1].step), max="+", count=1)
+        )
+        missing, expected = [], after_step + 1
+        for point in points:
+            if point.step > expected:
+                missing.append((expected, point.step - 1))
+            expected = point.step + 1
+        return MetricsPage(job_id=job_id, points=points, next_after=points[-1].step if more else None,
+                           missing_steps=missing)
+
+    def read_buckets(self, job_id: str, max_points: int) -> MetricsBuckets:
+        last = self.redis.xrevrange(metrics_key(job_id), count=1)
+        total = number_of(last[0][0]) if last else 0
+        if total <= RAW_BUCKET_LIMIT:
+            # Each record is folded straight into its bucket's rollup: one pass, no per-record rollups.
+            entries = self.redis.xrange(metrics_key(job_id))
+            per_point = max(1, math.ceil(len(entries) / max_points))
+            buckets: list[Bucket] = []
+            for start in range(0, len(entries), per_point):
+                merged = Rollup()
+                for _, fields in entries[start:start + per_point]:
+                    merged.add(json.loads(fields[STEP_FIELD]))
+                buckets.append(merged.bucket())
+            return MetricsBuckets(job_id=job_id, total_steps=total, buckets=buckets)
+        # One json.loads for all stored rollups; they are merged in their JSON form.
+        raw = [f[ROLLUP_FIELD] for _, f in self.redis.xrange(rollup_key(job_id))]
+        stored: list[dict[str, Any]] = json.loads(f"[{','.join(raw)}]")
+        covered = stored[-1]["last_step"] if stored else 0
+        tail = Rollup()
+        for _, f in self.redis.xrange(metrics_key(job_id), min=after(covered), max="+"):
+            tail.add(json.loads(f[STEP_FIELD]))
+        parts = stored + ([tail.to_json()] if tail.steps else [])
+        # Group whole rollups so that no more than max_points buckets come back.
+        groups = math.ceil(len(parts) / max_points)
+        per_bucket = math.ceil(len(parts) / math.ceil(len(parts) / groups))
+        return MetricsBuckets(job_id=job_id, total_steps=total, buckets=bucketize_json(parts, per_bucket))

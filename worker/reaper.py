@@ -1,0 +1,70 @@
+"""The reaper: requeues (or fails) running jobs whose lease expired because their worker died."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from redis import Redis
+
+from app.core.config import Settings
+from app.store import JobStore
+from app.store.keys import job_key
+from app.store.queue import enqueue
+
+log = logging.getLogger("mpjobs.worker")
+
+
+class Reaper:
+    """Requeues running jobs whose lease expired (their worker died), on a thread.
+
+    Every worker runs one; the check and the move happen in one Lua script, so
+    exactly one reaper requeues a job. Each retry is a new RQ job, `{id}-a{n}`.
+    An enqueue that fails after the move is retried on the next pass.
+    """
+
+    def __init__(self, settings: Settings, rq_redis: Redis) -> None:
+        self.settings, self.rq_redis = settings, rq_redis
+        self.store = JobStore(Redis.from_url(settings.redis_url, decode_responses=True))
+        self._thread = threading.Thread(target=self._loop, name="reaper", daemon=True)
+        self._unqueued: set[str] = set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self.settings.reap_interval_s)
+            try:
+                self.reap_once()
+            except Exception:
+                log.warning("reaper pass failed", exc_info=True)
+
+    def reap_once(self) -> list[str]:
+        for job_id in self.store.running_ids():
+            outcome = self.store.reap(job_id, self.settings.max_attempts)
+            if outcome == "queued":
+                self._unqueued.add(job_id)
+            if outcome != "alive":
+                log.warning("job %s lost its worker: %s", job_id, outcome)
+        requeued = []
+        for job_id in sorted(self._unqueued):
+            try:
+                self._requeue(job_id)
+            except Exception:
+                log.exception("requeue of %s failed; retrying next pass", job_id)
+                continue
+            self._unqueued.discard(job_id)
+            requeued.append(job_id)
+        return requeued
+
+    def _requeue(self, job_id: str) -> None:
+        job = self.store.get(job_id)
+        if job is None:
+            return
+        rq_job_id = f"{job_id}-a{job.attempt + 1}"
+        with self.rq_redis.pipeline(transaction=True) as pipe:
+            enqueue(self.rq_redis, job.spec, job_id, pipe, rq_job_id=rq_job_id)
+            pipe.hset(job_key(job_id), "rq_job", rq_job_id)
+            pipe.execute()

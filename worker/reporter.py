@@ -64,7 +64,7 @@ class RedisReporter:
 
     def _send(self) -> None:
         """Write every pending record and rollup in one round trip; raises while Redis is away."""
-        self.store.append_steps(self.job_id, self.pending, self.pending_rollups, None)
+        self.store.append_steps(self.job_id, self.pending, self.pending_rollups)
         if self.outage:
             log.warning("redis is back; wrote %d held step records", len(self.pending))
         self.pending, self.pending_rollups, self.outage = [], [], False

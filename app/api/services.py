@@ -1,4 +1,4 @@
-"""What the routes do, one function per route; HTTP-free and typed."""
+"""What the routes do, HTTP-free and typed: each function reads what it needs once and does one thing."""
 
 from __future__ import annotations
 

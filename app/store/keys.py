@@ -19,7 +19,9 @@ Keys (prefix `mpjobs:`):
     cmps:{tenant}       zset   the tenant's comparison ids, scored by creation sequence
 
 A step is one entry of `job:{id}:metrics`, id `{step}-0`, field `r` holding the StepRecord as JSON;
-a rollup one entry of `job:{id}:rollup`, id `{index}-0`, field `a`. Only this module spells them.
+a rollup one entry of `job:{id}:rollup`, id `{index}-0`, field `a`. Only this module spells them; the
+Lua scripts get them as arguments, except the per-state indexes, which the transition and reap
+scripts extend from JOB_INDEX_PREFIX with the job's tenant and state.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ def view_key(job_id: str, max_points: int) -> str:
 
 def lease_key(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:lease"
+
+
+def view_fresh_key(job_id: str, max_points: int) -> str:
+    """Present while the cached view of that size is current."""
+    return f"{view_key(job_id, max_points)}:fresh"
 
 
 def comparison_key(comparison_id: str) -> str:

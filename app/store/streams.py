@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from app.core.job import Bucket, MetricsBuckets, MetricsPage
-from app.core.records import StepRecord, Summary
+from app.core.records import StepRecord
 from app.store.base import RedisBacked
 from app.store.keys import (
     ROLLUP_FIELD,
@@ -35,10 +35,10 @@ RAW_BUCKET_LIMIT = 4096
 REWIND = """
 local removed = 0
 for i = 1, 2 do
-  local gone = redis.call('XRANGE', KEYS[i], '(' .. ARGV[i] .. '-0', '+')
+  local gone = redis.call('XRANGE', KEYS[i], ARGV[2 * i - 1], '+')
   for _, entry in ipairs(gone) do redis.call('XDEL', KEYS[i], entry[1]) end
   removed = removed + #gone
-  if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('XSETID', KEYS[i], ARGV[i] .. '-0') end
+  if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('XSETID', KEYS[i], ARGV[2 * i]) end
 end
 return removed
 """
@@ -49,20 +49,16 @@ class MetricStreams(RedisBacked):
 
     SCRIPTS = {"rewind": REWIND}
 
-    def append_steps(self, job_id: str, records: Sequence[StepRecord], rollups: Sequence[tuple[int, Rollup]],
-                     summary: Summary | None) -> None:
-        """One round trip: the steps, finished rollups, progress, running summary and the step
-        counters. A resent batch whose steps Redis already holds takes them back off the counters."""
+    def append_steps(self, job_id: str, records: Sequence[StepRecord], rollups: Sequence[tuple[int, Rollup]]) -> None:
+        """One round trip: the steps, finished rollups, progress and the step counters. A resent
+        batch whose steps Redis already holds takes them back off the counters."""
         with self.redis.pipeline(transaction=False) as pipe:
             for r in records:
                 pipe.xadd(metrics_key(job_id), step_fields(r), id=entry_id(r.step))
             for index, rollup in rollups:
                 pipe.xadd(rollup_key(job_id), {ROLLUP_FIELD: json.dumps(rollup.to_json())}, id=entry_id(index))
-            fields: dict[str, Any] = {"step": records[-1].step} if records else {}
-            if summary is not None:
-                fields["summary"] = summary.model_dump_json()
-            if fields:
-                pipe.hset(job_key(job_id), mapping=fields)
+            if records:
+                pipe.hset(job_key(job_id), "step", records[-1].step)
             if records:
                 pipe.hincrby(STATS, "steps", len(records))
                 pipe.hincrby(STATS, "skipped_steps", sum(r.skipped for r in records))
@@ -81,7 +77,9 @@ class MetricStreams(RedisBacked):
     def rewind_metrics(self, job_id: str, keep_step: int) -> int:
         """Drop steps after `keep_step` (and their rollups) so a resumed attempt rewrites them once."""
         keys = [metrics_key(job_id), rollup_key(job_id)]
-        removed = int(self._run("rewind", keys, [keep_step, keep_step // ROLLUP_STEPS]))
+        kept_rollups = keep_step // ROLLUP_STEPS
+        args = [after(keep_step), entry_id(keep_step), after(kept_rollups), entry_id(kept_rollups)]
+        removed = int(self._run("rewind", keys, args))
         self.redis.hset(job_key(job_id), "step", keep_step)
         return removed
 

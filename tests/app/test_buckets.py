@@ -24,7 +24,7 @@ def write(store: JobStore, job_id: str, steps: int) -> list[StepRecord]:
         if r.step % ROLLUP_STEPS == 0:
             rollups.append((r.step // ROLLUP_STEPS, partial))
             partial = Rollup()
-    store.append_steps(job_id, records, rollups, None)
+    store.append_steps(job_id, records, rollups)
     return records
 
 

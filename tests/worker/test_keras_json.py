@@ -30,7 +30,9 @@ HALF_POLICIES = [p for p in POLICIES if p != "float32"]
 COMPUTE = {p.value: p.compute_dtype for p in PrecisionPolicy}
 FEATURES, CLASSES, BATCH = 6, 3, 8
 LOSS_REL_TOL = 1e-5
-"""The engine's step and an eager reference in the same policy agree to about 1e-7 here."""
+"""The engine's step and a compiled reference in the same policy agree to about 1e-7 here. An eager
+reference does not on a CPU with native float16/bfloat16 kernels (AVX512-FP16, AMX): the compiled
+step fuses ops and rounds differently, up to 1e-3 apart in bfloat16."""
 
 
 def classifier(policy: str) -> keras.Model:
@@ -89,7 +91,7 @@ def test_functional_model_with_a_nested_sequential_trains_under_every_policy(
 
     reference = classifier(policy)
     reference.set_weights(initial_weights(spec))
-    probs = keras.ops.convert_to_numpy(reference(x)).astype(np.float64)
+    probs = np.asarray(reference.predict_on_batch(x), dtype=np.float64)  # compiled, as the train step is
     expected = -np.mean(np.sum(y * np.log(probs), axis=1))
     assert reporter.records[0].loss == pytest.approx(expected, rel=LOSS_REL_TOL)
 

@@ -1,5 +1,6 @@
 """Run one training job: build, restore, train with telemetry, checkpoint, save.
 
+>>> import tempfile
 >>> from app.core.spec import JobSpec
 >>> spec = JobSpec.model_validate({"model": {"name": "mlp"}, "training": {"steps": 5}})
 >>> result = run_job(spec, reporter=ListReporter(), checkpoint_dir=Path(tempfile.mkdtemp()))

@@ -54,9 +54,13 @@ def expected_difference(speed: PrecisionSpeed) -> str:
 
 
 def two_decimals(value: float) -> str:
-    """A ratio as the messages write it: the exact binary value to two decimals, ties away from zero."""
-    assert value >= 0.1, "smaller ratios are written with two significant digits"
-    return str(Decimal(value).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP))
+    """A ratio as the messages write it: the exact binary value to two decimals, ties away from zero;
+    under 0.1 (an A/A quartile on a very noisy machine), two significant digits instead."""
+    exact = Decimal(value)
+    fixed = exact.quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    if fixed >= Decimal("0.1"):
+        return str(fixed)
+    return format(exact.quantize(Decimal(1).scaleb(exact.adjusted() - 1), rounding=ROUND_HALF_UP).normalize(), "f")
 
 
 def expected_slow_message(device: DeviceInfo, compute_dtype: str, policy: str, speed: PrecisionSpeed) -> str | None:

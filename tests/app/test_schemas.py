@@ -116,6 +116,70 @@ def test_deep_keras_json_is_refused() -> None:
     assert "nested deeper" in only_error({"model": {"keras_json": text, "loss": "huber"}})[1]
 
 
+KERAS_JSON_CHARS = 1_000_000
+KERAS_JSON_LEVELS = 64
+"""docs/reliability.md: `keras_json` over 1,000,000 characters, or nested over 64 levels, is a 422."""
+
+
+def padded_keras_json(chars: int) -> str:
+    """A valid Sequential config, `chars` characters long: trailing whitespace is still JSON."""
+    text = _keras_json([{"module": "keras.layers", "class_name": "Dense", "config": {"units": 1}}])
+    return text + " " * (chars - len(text))
+
+
+def test_keras_json_of_exactly_the_character_limit_is_accepted_and_one_more_refused_before_parsing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import app.core.model_specs as model_specs
+
+    parsed: list[int] = []
+    real_loads = json.loads
+
+    def loads(text: str, **kwargs: Any) -> Any:
+        parsed.append(len(text))
+        return real_loads(text, **kwargs)
+
+    monkeypatch.setattr(model_specs.json, "loads", loads)
+    at_limit = padded_keras_json(KERAS_JSON_CHARS)
+    assert len(at_limit) == KERAS_JSON_CHARS
+    spec = JobSpec.model_validate({"model": {"keras_json": at_limit, "loss": "huber"}})
+    assert spec.model.keras_json == at_limit  # type: ignore[union-attr]
+    assert parsed == [KERAS_JSON_CHARS]
+
+    parsed.clear()
+    errs = errors_of({"model": {"keras_json": at_limit + " ", "loss": "huber"}})
+    assert [(e["loc"], e["type"], e["msg"]) for e in errs] == [
+        (("model", "keras_json", "keras_json"), "string_too_long", "String should have at most 1000000 characters")]
+    assert parsed == [], "refused before the parser saw it"
+
+
+def nesting(value: Any) -> int:
+    """How many containers the deepest value lies inside: a value of the root object is at level 1."""
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else []
+    return max((1 + nesting(child) for child in children), default=0)
+
+
+def nested_keras_json(levels: int, innermost: Any) -> str:
+    """A Sequential config whose deepest value, `innermost`, lies exactly `levels` containers deep."""
+    deep: Any = innermost
+    while True:
+        text = _keras_json([deep])
+        reached = nesting(json.loads(text))
+        if reached == levels:
+            return text
+        assert reached < levels
+        deep = {"config": deep}
+
+
+@pytest.mark.parametrize("innermost", ["a string", 1.5, {}, []], ids=["string", "number", "empty-dict", "empty-list"])
+def test_keras_json_nested_exactly_64_levels_is_accepted_and_65_refused(innermost: Any) -> None:
+    at_limit = nested_keras_json(KERAS_JSON_LEVELS, innermost)
+    assert JobSpec.model_validate({"model": {"keras_json": at_limit, "loss": "huber"}})
+    field, msg = only_error({"model": {"keras_json": nested_keras_json(KERAS_JSON_LEVELS + 1, innermost),
+                                       "loss": "huber"}})
+    assert field == "model.keras_json.keras_json"
+    assert msg == "Value error, model.keras_json is nested deeper than 64 levels."
+
+
 def test_keras_json_loss_lists_choices() -> None:
     field, msg = only_error({"model": {"keras_json": _keras_json([]), "loss": "poisson"}})
     assert field == "model.keras_json.loss"

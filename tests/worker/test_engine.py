@@ -6,8 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
+from app.core.config import Settings
+from app.core.model_specs import Conv3dUnetModel
+from app.core.spec import JobSpec
 from tests.worker.conftest import Train, initial_weights, spec_of, trained_weights
+from worker.models import build_model
 
 # --- 1. the zero-gradient case, and 7. the missing float16 MaxPool3D kernel ---
 
@@ -85,6 +90,56 @@ def test_missing_kernel_error_becomes_a_named_failure() -> None:
         assert failure.reason is FailureReason.UNSUPPORTED_PRECISION_ON_DEVICE
         assert "MaxPool3D" in failure.message and "Fix:" in failure.message
         assert "Traceback" not in failure.message
+
+
+# --- grad_norm: the norm of the plain gradient ------------------------------------------
+
+GRAD_NORM_REL_TOL = 1e-5
+"""The reported norm is a float32 value (one ulp is 1.2e-7 of it), the root of a float32 sum of squares
+over up to 9,000 values, of gradients that the compiled step may sum in another order than an eager
+tape: each is a few ulps (here they agree to 4e-9). 1e-5 is about 80 ulps, a thousand times below a 1% error."""
+SMALL_MLP = {"name": "mlp", "input_dim": 20, "hidden_units": 16, "classes": 4}
+
+
+def plain_gradient_norm(spec: JobSpec, x: np.ndarray, y: np.ndarray) -> float:
+    """The float64 norm of a float32 GradientTape gradient of the batch loss at the job's initial weights."""
+    assert spec.precision_policy.value == "float32"
+    model = build_model(spec, on_cpu_tf=True).model
+    model.set_weights(initial_weights(spec))
+    with tf.GradientTape() as tape:
+        out = tf.cast(model(x, training=True), tf.float32)
+        if isinstance(spec.model, Conv3dUnetModel):  # docs/numerics.md: sum(outputs) / reference_edge**3
+            loss = tf.reduce_sum(out) / float(spec.model.reference_edge) ** 3
+        else:  # the built-in classifiers' sparse categorical crossentropy, averaged over the batch
+            loss = tf.reduce_mean(-tf.math.log(tf.gather(out, y, axis=1, batch_dims=1)))
+    grads = tape.gradient(loss, model.trainable_variables)
+    return float(np.sqrt(sum(np.sum(np.square(np.asarray(g, np.float64))) for g in grads)))
+
+
+@pytest.mark.parametrize(("model", "loss_scale"), [
+    pytest.param(SMALL_MLP, "none", id="mlp-unscaled"),
+    # Scaling by a power of two and back is exact in float32: the same norm, unscaled.
+    pytest.param(SMALL_MLP, {"mode": "fixed", "scale": 1024}, id="mlp-fixed-1024"),
+    pytest.param(SMALL_MLP, "dynamic", id="mlp-dynamic-32768"),
+    pytest.param(UNET, "none", id="conv3d_unet"),
+])
+def test_the_reported_grad_norm_is_the_norm_of_the_plain_gradient(
+        train: Train, settings: Settings, model: dict[str, object], loss_scale: object) -> None:
+    rng = np.random.default_rng(5)
+    if model is UNET:
+        x, y = rng.standard_normal((2, 16, 16, 16, 1)).astype(np.float32), np.zeros((2, 1), np.float32)
+    else:
+        x, y = rng.standard_normal((32, 20)).astype(np.float32), rng.integers(0, 4, 32).astype(np.int32)
+    settings.data_root.mkdir(parents=True, exist_ok=True)
+    np.savez(settings.data_root / "batch.npz", x=x, y=y)
+    spec = spec_of(model=model, loss_scale=loss_scale, dataset={"kind": "npz", "path": "batch.npz"},
+                   training={"steps": 1, "batch_size": len(x), "optimizer": "sgd"})
+    _, reporter = train(spec)
+    # One batch of the whole file, in the first epoch's order: the permutation of default_rng([seed, 0]).
+    order = np.random.default_rng([spec.training.seed, 0]).permutation(len(x))
+    expected = plain_gradient_norm(spec, x[order], y[order])
+    assert expected > 0
+    assert reporter.records[0].grad_norm == pytest.approx(expected, rel=GRAD_NORM_REL_TOL)
 
 
 # --- 2. plain Keras: mlp under mixed_float16 with dynamic scaling ---------------

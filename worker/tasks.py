@@ -111,6 +111,8 @@ def _attempt(store: JobStore, job_id: str, settings: Settings) -> str:
         started_at=clock.iso(), attempt=attempt, worker=worker,
     )
     if not moved:
+        if now_state is not None and now_state.terminal:
+            store.drop_lease(job_id)  # canceled while this worker took it: no attempt runs it
         return f"skipped: {now_state.value if now_state else 'missing'}"
     try:
         return _train(store, job_id, job.spec, out, owner, settings, resume_from)

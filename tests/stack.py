@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import copy
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +17,8 @@ from typing import Any
 
 import httpx
 import redis
+
+from app.store.keys import job_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,3 +166,34 @@ def private_stack(directory: Path, workers: int = 1, **env: str) -> Iterator[Sta
     finally:
         stack.stop()
         server.stop()
+
+
+def freeze_mid_run(stack: Stack, client: httpx.Client, spec: dict[str, Any], past_step: int
+                   ) -> tuple[str, int, dict[str, Any]]:
+    """Submit `spec`; once the job has passed `past_step`, SIGSTOP the worker running it and confirm,
+    with the worker frozen, that the job is still mid-run. Whatever the caller does next (SIGKILL the
+    worker, stop Redis under it) then lands mid-run, however fast the machine: a job that ended before
+    the freeze is submitted again with four times the steps. Returns (job id, the frozen worker's
+    pid, the spec it runs); the caller sends SIGCONT or SIGKILL to the pid's process group."""
+    spec, r = copy.deepcopy(spec), stack.redis.client()
+    for _ in range(3):
+        job_id = client.post("/jobs", json=spec).json()["id"]
+
+        def started(job_id: str = job_id) -> int | None:
+            worker = client.get(f"/jobs/{job_id}").json()["worker"]
+            return None if worker is None else int(worker["pid"])
+
+        def passed(job_id: str = job_id) -> bool:
+            state, step = r.hmget(job_key(job_id), "state", "step")
+            return state != "running" or int(str(step)) > past_step
+
+        pid = wait_until(started, 120, f"job {job_id} to start")
+        wait_until(passed, 120, f"job {job_id} past step {past_step}", interval=0.001)
+        os.killpg(pid, signal.SIGSTOP)
+        state, step = r.hmget(job_key(job_id), "state", "step")
+        if state == "running" and int(str(step)) < spec["training"]["steps"]:
+            return job_id, pid, spec
+        os.killpg(pid, signal.SIGCONT)  # it ended before the freeze: a longer job
+        spec["training"]["steps"] *= 4
+    raise AssertionError(f"no job of up to {spec['training']['steps'] // 4} steps was still running past step "
+                         f"{past_step} when its worker was frozen")

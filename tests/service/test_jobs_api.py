@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis
+from rq import Queue
 from rq.job import Job as RQJob
+from rq.job import JobStatus
 
-from tests.stack import ROOT, Stack, free_port, iter_sse, wait_until
+from app.store.keys import RUNNING, lease_key
+from app.store.queue import QUEUES
+from tests.stack import ROOT, Stack, free_port, freeze_mid_run, iter_sse, private_stack, wait_until
 
 SLOW_MLP = {"model": {"name": "mlp"}, "precision_policy": "mixed_float16", "dataset": {"samples": 512}}
 
@@ -39,13 +47,24 @@ def read_events(client: httpx.Client, job_id: str, headers: dict[str, str], stop
 
 
 def test_sse_resumes_with_last_event_id_without_gap_or_duplicate(stack: Stack, client: httpx.Client) -> None:
-    steps = 60
-    job_id = submit(client, steps)
-    first = read_events(client, job_id, {}, stop_after_metrics=12)
-    last_id = [e for e in first if e[0] == "metrics"][-1][1]
-    assert last_id is not None
-    assert client.get(f"/jobs/{job_id}").json()["state"] != "succeeded", "reconnect must happen mid-run"
-    second = read_events(client, job_id, {"Last-Event-ID": last_id}, stop_after_metrics=None)
+    # The worker is frozen past step 12, so the reconnect happens mid-run on any machine.
+    job_id, pid, spec = freeze_mid_run(stack, client, {**SLOW_MLP, "training": {"steps": 60}}, past_step=12)
+    steps = spec["training"]["steps"]
+    try:
+        first = read_events(client, job_id, {}, stop_after_metrics=12)
+        last_id = [e for e in first if e[0] == "metrics"][-1][1]
+        assert last_id is not None
+        second: list[tuple[str, str | None, str]] = []
+        for event, event_id, data, _ in iter_sse(client, f"/jobs/{job_id}/metrics/stream",
+                                                 {"Last-Event-ID": last_id}):
+            if not second:
+                assert client.get(f"/jobs/{job_id}").json()["state"] == "running"
+                os.killpg(pid, signal.SIGCONT)  # reconnected while it runs: the rest arrives live
+            second.append((event, event_id, data))
+            if event == "end":
+                break
+    finally:
+        os.killpg(pid, signal.SIGCONT)
     assert second[-1][0] == "end" and json.loads(second[-1][2])["state"] == "succeeded"
     steps_seen = [int(e[1]) for e in first + second if e[0] == "metrics" and e[1] is not None]
     assert steps_seen == list(range(1, steps + 1))
@@ -66,8 +85,6 @@ def test_cancel_running_job_stops_within_five_seconds(stack: Stack, client: http
     assert done["state"] == "canceled" and done["error"]["reason"] == "canceled"
     assert done["attempt"] == 1
     assert [t["state"] for t in done["transitions"]] == ["queued", "running", "canceled"]
-    time.sleep(1.0)
-    assert client.get(f"/jobs/{job_id}").json()["attempt"] == 1, "a canceled job is never retried"
     # The worker is free for the next job.
     next_id = submit(client, 5, precision_policy="float32")
     assert stack.wait_for_state(client, next_id, {"succeeded", "failed"}, timeout=60)["state"] == "succeeded"
@@ -76,16 +93,65 @@ def test_cancel_running_job_stops_within_five_seconds(stack: Stack, client: http
     assert again.status_code == 202 and again.json()["state"] == "canceled"
 
 
+SHORT_LEASE_S, SHORT_REAP_INTERVAL_S = 2.0, 0.5
+
+
+@pytest.fixture(scope="module")
+def short_lease_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One worker whose reaper would requeue a job within a few seconds of its lease running out."""
+    with private_stack(tmp_path_factory.mktemp("short-lease"), LEASE_S=str(SHORT_LEASE_S),
+                       REAP_INTERVAL_S=str(SHORT_REAP_INTERVAL_S)) as s:
+        yield s
+
+
+def waiting_rq_jobs(raw: redis.Redis, job_id: str) -> list[str]:
+    """RQ jobs for `job_id` waiting in any queue: its first attempt's (`{id}`) or a retry's (`{id}-a{n}`)."""
+    return [rq_id for name in QUEUES for rq_id in Queue(name, connection=raw).get_job_ids()
+            if rq_id == job_id or rq_id.startswith(f"{job_id}-a")]
+
+
+def test_a_canceled_running_job_is_never_retried(short_lease_stack: Stack) -> None:
+    stack, r = short_lease_stack, short_lease_stack.redis.client()
+    raw = redis.Redis.from_url(stack.redis.url)
+    with stack.client() as client:
+        job_id = submit(client, 10_000_000)
+        wait_until(lambda: client.get(f"/jobs/{job_id}").json()["progress"]["step"] >= 1, 60, "the job to run")
+        assert client.delete(f"/jobs/{job_id}").status_code == 202
+        assert stack.wait_for_state(client, job_id, {"canceled", "failed", "succeeded"}, timeout=30)["state"] == \
+            "canceled"
+        # RQ records the attempt's end after the attempt dropped its lease.
+        wait_until(lambda: RQJob.fetch(job_id, connection=raw).get_status() == JobStatus.FINISHED, 30,
+                   "the attempt to end")
+        assert not r.exists(lease_key(job_id)), "the canceled attempt left its lease behind"
+        # Long enough for any lease to run out and the live worker's reaper to look twice since.
+        time.sleep(SHORT_LEASE_S + 2 * SHORT_REAP_INTERVAL_S)
+        job = client.get(f"/jobs/{job_id}").json()
+        assert [t["state"] for t in job["transitions"]] == ["queued", "running", "canceled"]
+        assert job["state"] == "canceled" and job["attempt"] == 1
+        assert not r.sismember(RUNNING, job_id) and not r.exists(lease_key(job_id))
+        assert waiting_rq_jobs(raw, job_id) == []
+        assert not RQJob.exists(f"{job_id}-a2", connection=raw), "a retry was enqueued"
+        assert all(w.poll() is None for w in stack.workers), "the worker that would take a retry is alive"
+
+
 def test_cancel_queued_job_is_immediate(stack: Stack, client: httpx.Client) -> None:
+    raw = redis.Redis.from_url(stack.redis.url)
     blocker = submit(client, 5000)
+    stack.wait_for_state(client, blocker, {"running"})  # the worker is busy: the next job waits in its queue
     queued = submit(client, 50)
+    rq_queue = Queue(client.get(f"/jobs/{queued}").json()["queue"], connection=raw)
+    assert queued in rq_queue.get_job_ids()
     response = client.delete(f"/jobs/{queued}")
     assert response.json()["state"] == "canceled"
     assert response.json()["error"]["reason"] == "canceled"
+    assert queued not in rq_queue.get_job_ids(), "the canceled job's RQ job is still in its queue"
     client.delete(f"/jobs/{blocker}")
     stack.wait_for_state(client, blocker, {"canceled"}, timeout=60)
-    time.sleep(0.5)
+    # A job queued after it has run to its end: the worker is past where it stood, and never took it.
+    later = submit(client, 1, precision_policy="float32")
+    assert stack.wait_for_state(client, later, {"succeeded", "failed"}, timeout=60)["state"] == "succeeded"
     assert client.get(f"/jobs/{queued}").json()["started_at"] is None
+    assert RQJob.fetch(queued, connection=raw).started_at is None
 
 
 BAD_SPECS = [
@@ -159,22 +225,34 @@ def test_redis_down_is_503_with_a_clear_message(stack: Stack) -> None:
         api.wait(10)
 
 
+def backend_libraries(pid: int) -> set[str]:
+    """The ML backend's native libraries (TensorFlow's or JAX's) mapped into process `pid`."""
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return {line.split()[-1] for line in maps
+            if ".so" in line and ("/tensorflow/" in line or "/jaxlib/" in line)}
+
+
 def test_worker_runs_jobs_in_process_and_starts_warm(stack: Stack, client: httpx.Client) -> None:
-    """TrainingWorker is a SimpleWorker: no fork per job, so TensorFlow loads once per worker."""
-    worker_pids = {w.pid for w in stack.workers}
-    raw = redis.Redis.from_url(stack.redis.url)
+    """TrainingWorker is a SimpleWorker: each job runs in the worker's own process, no fork per
+    job, so the backend is imported once per worker, and before its first job."""
+    (worker,) = [w for w in stack.workers if w.poll() is None]
+    pids = []
     for _ in range(2):
         job_id = submit(client, 3, precision_policy="float32")
         done = stack.wait_for_state(client, job_id, {"succeeded", "failed"}, timeout=60)
         assert done["state"] == "succeeded"
-        assert done["worker"]["pid"] in worker_pids
-        dequeued = RQJob.fetch(job_id, connection=raw).started_at
-        assert dequeued is not None
-        first = client.get(f"/jobs/{job_id}/metrics", params={"limit": 1}).json()["points"][0]
-        first_step_began = first["time"] - first["step_time_ms"] / 1000
-        startup = first_step_began - dequeued.timestamp()
-        assert startup <= 2.0, f"{startup:.2f} s from dequeue to step 1"
         assert isinstance(datetime.fromisoformat(done["started_at"].replace("Z", "+00:00")), datetime)
+        pids.append(done["worker"]["pid"])
+    assert pids == [worker.pid, worker.pid], "both jobs ran in the worker process itself"
+    # A worker that has just registered, with no job to take, holds the backend already.
+    assert stack.writes()[2:] == (0, 0, 0), "queues empty: the new worker can take no job"
+    fresh = stack.start_worker()
+    try:
+        assert backend_libraries(fresh.pid), "the worker registered before importing its backend"
+    finally:
+        fresh.terminate()
+        fresh.wait(30)
+        stack.workers.remove(fresh)
 
 
 def test_a_job_no_worker_can_take_says_why(stack: Stack, client: httpx.Client) -> None:

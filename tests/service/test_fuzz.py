@@ -19,7 +19,7 @@ from tests.stack import ROOT, Stack, private_stack
 
 MIN_REQUESTS = 500
 ARTIFACTS = ROOT / "test-artifacts"
-SERVER_ERROR = re.compile(r'^.*" 5\d\d .*$', re.MULTILINE)
+SERVER_ERROR = re.compile(r'^.*HTTP/[0-9.]+" 5\d\d .*$', re.MULTILINE)
 """A uvicorn access-log line of a 5xx answer: `INFO: 127.0.0.1:1234 - "GET /jobs HTTP/1.1" 500 Internal ...`."""
 
 

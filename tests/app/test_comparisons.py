@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.api import reports
+from app.api import reports, services
 from app.core.formats import percent
 from app.core.job import Job, JobError, JobState, Progress, WorkerInfo
 from app.core.records import Diagnosis, PrecisionSpeed, Summary, VariantSpeed, speed_difference
 from app.core.spec import ComparisonSpec
+from app.store import JobStore
 
 SPEC = ComparisonSpec.model_validate({"spec": {"model": {"name": "mlp"}}})
 LABELS = ["float32", "mixed_float16 + dynamic", "mixed_float16 + none", "mixed_bfloat16"]
@@ -168,3 +169,45 @@ def test_the_cli_table_shows_the_gaps_and_speeds_the_verdict_words() -> None:
         ["1", "-0.00000039%", "1,300", "1.01× (0.93–1.06)", "0", "1%", "1%"],
         ["1", "0%", "2,000", "25.00× (23.80–26.70)", "0", "1%", "1%"],
     ]
+
+
+def finished_summary(loss: float) -> str:
+    return Summary(steps_done=100, final_loss=loss, skipped_steps=0, loss_scale_min=1.0, loss_scale_max=1.0,
+                   loss_scale_final=1.0, peak_zero_grad_fraction=0.01, mean_examples_per_sec=1000.0,
+                   peak_excess_zero_fraction=0.01).model_dump_json()
+
+
+def test_the_report_follows_its_jobs_records_on_every_read(store: JobStore) -> None:
+    """A comparison's report is never stale: each read sees the variant jobs as they are now."""
+    spec = ComparisonSpec.model_validate({"spec": {"model": {"name": "mlp"}}, "variants": [
+        {"precision_policy": "float32"}, {"precision_policy": "mixed_bfloat16"}]})
+    comparison_id = store.create_comparison(spec, "t-stale", [(s, "any") for s in spec.job_specs()],
+                                            lambda job_id, job_spec, pipe: None, store.redis.pipeline())
+    record = store.get_comparison(comparison_id, "t-stale")
+    assert record is not None
+    base_id, bf16_id = record.job_ids
+
+    def read() -> reports.Comparison:
+        return services.get_comparison(store, comparison_id, "t-stale")
+
+    assert [v.state for v in read().variants] == [JobState.QUEUED, JobState.QUEUED]
+    for job_id in (base_id, bf16_id):
+        store.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "started")
+    running = read()
+    assert [v.state for v in running.variants] == [JobState.RUNNING, JobState.RUNNING]
+    assert running.verdict == "0 of 2 variants finished; the verdict comes when all have."
+
+    store.transition(base_id, JobState.SUCCEEDED, [JobState.RUNNING], "finished", summary=finished_summary(1.0))
+    store.transition(bf16_id, JobState.SUCCEEDED, [JobState.RUNNING], "finished", summary=finished_summary(1.5))
+    ended = read()
+    assert ended.state == "done" and [v.final_loss for v in ended.variants] == [1.0, 1.5]
+    assert ended.variants[1].loss_gap == 0.5
+    assert ended.verdict == ("mixed_bfloat16 ends +50% from float32's loss, speed not measured. "
+                             "No variant matched float32's loss within 2%: keep float32.")
+
+    store.set_fields(bf16_id, summary=finished_summary(1.25))  # the record changes: the next read shows it
+    changed = read()
+    assert [v.final_loss for v in changed.variants] == [1.0, 1.25]
+    assert changed.variants[1].loss_gap == 0.25
+    assert changed.verdict == ("mixed_bfloat16 ends +25% from float32's loss, speed not measured. "
+                               "No variant matched float32's loss within 2%: keep float32.")

@@ -11,7 +11,8 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,6 @@ import pytest
 
 from app.cli import Api, CliError, Exit, build_parser, comparison_report, main, summary_lines
 from app.cli.commands import cmd_compare
-from app.core.formats import number
 from app.core.records import StepRecord
 from app.core.spec import ComparisonSpec
 from tests.stack import ROOT, Stack, free_port, wait_until
@@ -56,6 +56,66 @@ def step_lines(stderr: str) -> list[int]:
     return [int(m) for m in re.findall(r"^step (\d+)/", stderr, re.MULTILINE)]
 
 
+# The CLI's number rules (docs/cli.md), written here with Python's own formatting, not the CLI's code.
+
+
+def _positional(scientific: str) -> str:
+    """"6.931e-01" -> "0.6931": the digits a scientific format kept, without trailing zeros."""
+    return format(Decimal(scientific).normalize(), "f")
+
+
+def four_digits(value: float) -> str:
+    """Losses: 4 significant digits, whole numbers whole, scientific below 0.001 and from a million up."""
+    if value == int(value):
+        return str(int(value))
+    mantissa, exponent = f"{value:.3e}".split("e")
+    if 1e-3 <= abs(value) < 1e6:
+        return _positional(f"{value:.3e}")
+    return f"{_positional(mantissa)}e{int(exponent):+d}"
+
+
+def percent_of(share: float, sign: bool = False) -> str:
+    """Shares: two significant digits under 10%, whole from 10% up, never 100% below it."""
+    value = share * 100
+    if value == 0:
+        return "0%"
+    text = _positional(f"{abs(value):.1e}") if abs(value) < 10 else f"{abs(value):.0f}"
+    text = "99" if text == "100" and abs(value) < 100 else text
+    return f"{'-' if value < 0 else '+' if sign else ''}{text}%"
+
+
+def rate_of(value: float) -> str:
+    """Examples/s: whole with thousands separators from 100 up, three significant digits below."""
+    return f"{value:,.0f}" if abs(value) >= 100 else "0" if value == 0 else _positional(f"{value:.2e}")
+
+
+def ratio_of(value: float) -> str:
+    """Step time against float32's: two decimals, two significant digits under 0.1."""
+    fixed = f"{value:.2f}"
+    return f"{fixed if abs(float(fixed)) >= 0.1 or value == 0 else _positional(f'{value:.1e}')}×"
+
+
+def variant_cells(v: dict[str, Any]) -> list[str]:
+    """A comparison variant's row in `compare`'s table, from the API's values."""
+    def shown(value: Any, show: Callable[[Any], str]) -> str:
+        return "-" if value is None else show(value)
+
+    speed = v["speed"]
+    figures = speed and f"{ratio_of(speed['slowdown'])} ({ratio_of(speed['low'])[:-1]}–{ratio_of(speed['high'])[:-1]})"
+    step_time = "1 (baseline)" if v["baseline"] else figures or ("not timed" if v["speed_error"] else "-")
+    return [v["label"] + (" (baseline)" if v["baseline"] else ""), v["state"],
+            f"{v['progress']['step']}/{v['progress']['total_steps']}", shown(v["final_loss"], four_digits),
+            shown(v["loss_gap"], lambda gap: percent_of(gap, sign=True)), shown(v["examples_per_sec"], rate_of),
+            step_time, shown(v["skipped_steps"], str), shown(v["peak_zero_grad_fraction"], percent_of),
+            shown(v["peak_excess_zero_fraction"], percent_of), ",".join(d["code"] for d in v["diagnoses"]) or "-",
+            v["job_id"]]
+
+
+def cell_starts(line: str) -> list[int]:
+    """Where each cell of a table line begins (cells are apart by two spaces or more)."""
+    return [m.start() for m in re.finditer(r"\S+(?: \S+)*", line)]
+
+
 @pytest.fixture(scope="module")
 def finished(stack: Stack) -> Iterator[tuple[subprocess.CompletedProcess[str], str]]:
     """`submit --watch` of a small float32 job, run once for the tests that read its output."""
@@ -72,10 +132,18 @@ def test_submit_watch_runs_the_job_to_the_end_and_ends_with_its_summary(
     job = client.get(f"/jobs/{job_id}").json()
     assert job["state"] == "succeeded" and job["name"] == "cli"
     assert done.stdout.splitlines()[1].startswith("queued: mlp, float32 with no loss scaling, 30 steps of batch 32")
-    summary = summary_lines(job)
+    s = job["summary"]
+    assert (s["float32_checks"], s["precision_speed"], s["diagnoses"]) == (0, None, []), s  # float32: no such lines
+    summary = [
+        f"job {job_id} succeeded after {STEPS} of {STEPS} steps",
+        f"  final loss       {four_digits(s['final_loss'])} (mean batch loss of the last steps)",
+        "  skipped steps    0",
+        "  loss scale       min 1, max 1, final 1",
+        f"  peak zero grads  {percent_of(s['peak_zero_grad_fraction'])} of gradient elements exactly zero",
+        f"  throughput       {rate_of(s['mean_examples_per_sec'])} examples/s",
+        "  diagnoses        none",
+    ]
     assert done.stdout.splitlines()[-len(summary):] == summary
-    assert summary[0] == f"job {job_id} succeeded after {STEPS} of {STEPS} steps"
-    assert f"final loss       {number(job['summary']['final_loss'])}" in done.stdout
     # Not a terminal: one plain line per step (--interval 0), each step once and in order.
     steps = step_lines(done.stderr)
     assert steps == list(range(steps[0], STEPS + 1)) and steps[0] <= 2, done.stderr
@@ -211,10 +279,21 @@ def test_compare_watch_prints_the_table_and_verdict(stack: Stack, client: httpx.
     worst = max(Exit.OK if v["state"] == "succeeded" else Exit.FAILED if v["state"] == "failed" else Exit.CANCELED
                 for v in comparison["variants"])
     assert done.returncode == worst, done.stderr
-    report = comparison_report(comparison)
-    assert done.stdout == f"{comparison_id}\n{report}\n"
-    assert report.splitlines()[-1] == f"verdict: {comparison['verdict']}"
-    assert report.splitlines()[2].startswith("float32 (baseline)  ")
+    first, *lines = done.stdout.splitlines()
+    assert first == comparison_id
+    variants = comparison["variants"]
+    assert lines[0] == f"comparison {comparison_id}  'cli compare'  (done)"
+    header, rows = lines[1], lines[2:2 + len(variants)]
+    assert re.split(r"  +", header) == [
+        "VARIANT", "STATE", "STEP", "FINAL LOSS", "VS FLOAT32", "THROUGHPUT EX/S", "STEP TIME VS FLOAT32", "SKIPPED",
+        "ZERO GRADS", "EXCESS ZEROS", "DIAGNOSES", "JOB"]
+    assert [re.split(r"  +", row) for row in rows] == [variant_cells(v) for v in variants]
+    assert all(cell_starts(row) == cell_starts(header) for row in rows), "\n".join(lines)
+    notes = [line for v in variants for line in (
+        [f"  {v['label']} {v['state']}: {v['error']['reason']}: {v['error']['message']}"] if v["error"] else []) + (
+        [f"  {v['label']} not timed: {v['speed_error']}"] if v["speed_error"] else [])]
+    assert lines[2 + len(variants):] == [*notes, f"verdict: {comparison['verdict']}"]
+    report = "\n".join(lines)
     shown = mpjobs(stack, "compare", "--show", comparison_id)
     assert shown.returncode == worst and shown.stdout == report + "\n"
 
@@ -444,3 +523,90 @@ def test_api_keys_from_the_flag_or_the_environment_and_a_refusal_exits_5(stack: 
     finally:
         api.terminate()
         api.wait(10)
+
+
+# -- the words for known values, written out: the formatters are what these tests check ---------
+
+KNOWN_JOB: dict[str, Any] = {
+    "id": "j1", "state": "succeeded", "progress": {"step": 30, "total_steps": 30}, "error": None,
+    "summary": {
+        "steps_done": 30, "final_loss": 0.693147, "skipped_steps": 2, "loss_scale_min": 16384.0,
+        "loss_scale_max": 32768.0, "loss_scale_final": 32768.0, "peak_zero_grad_fraction": 0.00053,
+        "mean_examples_per_sec": 14921.7, "float32_checks": 3, "peak_excess_zero_fraction": 0.0123,
+        "peak_grad_rel_error": 0.000456, "float32_check_error": None,
+        "precision_speed": {"policy_ms": 8.4, "float32_ms": 2.0, "slowdown": 4.2, "steps": 36, "low": 3.9,
+                            "high": 4.5, "noise_low": 0.95, "noise_high": 1.06, "rounds": 9,
+                            "difference": "slower"},
+        "variant_speeds": [],
+        "diagnoses": [{"code": "overflow_skips", "message": "2 steps skipped.", "first_step": 3}],
+    },
+}
+
+
+def test_summary_lines_of_known_values() -> None:
+    assert summary_lines(KNOWN_JOB) == [
+        "job j1 succeeded after 30 of 30 steps",
+        "  final loss       0.6931 (mean batch loss of the last steps)",
+        "  skipped steps    2",
+        "  loss scale       min 16384, max 32768, final 32768",
+        "  peak zero grads  0.053% of gradient elements exactly zero",
+        "  vs float32       on 3 checked steps, at most 1.2% of values zero only here, gradient error 4.6e-4",
+        "  throughput       14,922 examples/s",
+        "  precision speed  4.20× slower than float32 (3.90–4.50×) (8.4 ms against 2 ms per step, quartiles of 9 "
+        "rounds; float32 against itself 0.95–1.06×)",
+        "  diagnoses        overflow_skips",
+        "    - 2 steps skipped. (overflow_skips, from step 3)",
+    ]
+    faster = {**KNOWN_JOB, "summary": {**KNOWN_JOB["summary"], "final_loss": 0.000123456, "skipped_steps": 0,
+                                       "peak_zero_grad_fraction": 0.997, "mean_examples_per_sec": 42.46,
+                                       "float32_checks": 0, "diagnoses": [],
+                                       "precision_speed": {**KNOWN_JOB["summary"]["precision_speed"],
+                                                           "policy_ms": 1.0, "slowdown": 0.5, "low": 0.4,
+                                                           "high": 0.625,
+                                                           "difference": "faster"}}}
+    assert summary_lines(faster)[1:] == [
+        "  final loss       1.235e-4 (mean batch loss of the last steps)",
+        "  skipped steps    0",
+        "  loss scale       min 16384, max 32768, final 32768",
+        "  peak zero grads  99% of gradient elements exactly zero",
+        "  throughput       42.5 examples/s",
+        "  precision speed  2.00× faster than float32 (1.60–2.50×) (1 ms against 2 ms per step, quartiles of 9 "
+        "rounds; float32 against itself 0.95–1.06×)",
+        "  diagnoses        none",
+    ]
+
+
+def test_comparison_report_of_known_values() -> None:
+    speed = {"policy_ms": 2.6, "float32_ms": 2.0, "slowdown": 1.3, "steps": 36, "low": 1.2, "high": 1.45,
+             "noise_low": 0.95, "noise_high": 1.06, "rounds": 9, "difference": "slower"}
+    comparison = {"id": "c1", "name": "mlp check", "state": "done", "verdict": "Keep float32.", "variants": [
+        {"label": "float32", "baseline": True, "state": "succeeded", "progress": {"step": 5, "total_steps": 5},
+         "final_loss": 0.5, "loss_gap": 0.0, "examples_per_sec": 1234.5, "speed": None, "speed_error": None,
+         "skipped_steps": 0, "peak_zero_grad_fraction": 0.0, "peak_excess_zero_fraction": None, "diagnoses": [],
+         "error": None, "job_id": "j0"},
+        {"label": "mixed_float16 + dynamic", "baseline": False, "state": "succeeded",
+         "progress": {"step": 5, "total_steps": 5}, "final_loss": 0.50123, "loss_gap": 0.00246,
+         "examples_per_sec": 42.46, "speed": speed, "speed_error": None, "skipped_steps": 1,
+         "peak_zero_grad_fraction": 0.25, "peak_excess_zero_fraction": 0.0456,
+         "diagnoses": [{"code": "overflow_skips", "message": "1 step skipped.", "first_step": 2}], "error": None,
+         "job_id": "j1"},
+        {"label": "mixed_float16 + none", "baseline": False, "state": "failed",
+         "progress": {"step": 2, "total_steps": 5}, "final_loss": None, "loss_gap": None,
+         "examples_per_sec": None, "speed": None, "speed_error": "unsupported_precision_on_device: no kernel",
+         "skipped_steps": None, "peak_zero_grad_fraction": None, "peak_excess_zero_fraction": None,
+         "diagnoses": [], "error": {"reason": "diverged", "message": "Loss was NaN for 10 steps."}, "job_id": "j2"},
+    ]}
+    assert comparison_report(comparison).splitlines() == [
+        "comparison c1  'mlp check'  (done)",
+        "VARIANT                  STATE      STEP  FINAL LOSS  VS FLOAT32  THROUGHPUT EX/S  STEP TIME VS FLOAT32  "
+        "SKIPPED  ZERO GRADS  EXCESS ZEROS  DIAGNOSES       JOB",
+        "float32 (baseline)       succeeded  5/5   0.5         0%          1,235            1 (baseline)          "
+        "0        0%          -             -               j0",
+        "mixed_float16 + dynamic  succeeded  5/5   0.5012      +0.25%      42.5             1.30× (1.20–1.45)     "
+        "1        25%         4.6%          overflow_skips  j1",
+        "mixed_float16 + none     failed     2/5   -           -           -                not timed             "
+        "-        -           -             -               j2",
+        "  mixed_float16 + none failed: diverged: Loss was NaN for 10 steps.",
+        "  mixed_float16 + none not timed: unsupported_precision_on_device: no kernel",
+        "verdict: Keep float32.",
+    ]

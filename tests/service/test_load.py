@@ -5,6 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from tests.stack import Stack, wait_until
 
@@ -13,6 +14,7 @@ TINY = {"model": {"name": "mlp", "hidden_units": 8}, "training": {"steps": 1, "b
         "dataset": {"samples": 16}}
 
 
+@pytest.mark.slow
 def test_two_hundred_concurrent_jobs_all_succeed_once(stack: Stack, client: httpx.Client) -> None:
     while len(stack.workers) < 2:
         stack.start_worker()

@@ -6,6 +6,9 @@ import math
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from redis import Redis
+from rq.job import Job as RQJob
+from rq.job import JobStatus
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.stack import Stack, wait_until
@@ -45,14 +48,41 @@ def _f32(value: float) -> float:
     return float(np.float32(value))
 
 
-def scrape(client: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+Sample = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def scrape(client: httpx.Client) -> dict[Sample, float]:
     response = client.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(response.text) for s in family.samples}
 
 
+def delta(before: dict[Sample, float], after: dict[Sample, float], name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after[key] - before.get(key, 0.0)
+
+
+def wait_until_idle(client: httpx.Client) -> None:
+    """No job runs and none waits for this stack's cpu worker (a gpu job waits forever here and
+    writes nothing), so the counters move for this test's jobs alone."""
+    def idle() -> bool:
+        now = scrape(client)
+        return (now[("mpjobs_jobs", (("state", "running"),))] == 0
+                and now[("mpjobs_jobs", (("state", "queued"),))] == now[("mpjobs_queue_depth", (("queue", "gpu"),))])
+
+    wait_until(idle, 600, "the jobs of earlier tests to end", interval=0.25)
+
+
+def wait_until_the_task_returned(stack: Stack, job_id: str) -> None:
+    """RQ marks its job finished after the task returns: after its last write to the counters."""
+    connection = Redis.from_url(stack.redis.url)
+    wait_until(lambda: RQJob.fetch(job_id, connection=connection).get_status() == JobStatus.FINISHED, 60,
+               f"RQ to finish job {job_id}")
+
+
 def test_prometheus_counters_move_as_jobs_run(stack: Stack, client: httpx.Client) -> None:
+    wait_until_idle(client)
     before = scrape(client)
     assert before[("mpjobs_workers", (("device", "cpu"),))] >= 1
     for queue in ("gpu", "cpu", "any"):
@@ -68,7 +98,7 @@ def test_prometheus_counters_move_as_jobs_run(stack: Stack, client: httpx.Client
                 "training": {"steps": 4}, "dataset": {"samples": 64}}
     skipper = client.post("/jobs", json=overflow).json()
     done = stack.wait_for_state(client, skipper["id"], {"succeeded", "failed"})
-    assert done["summary"]["skipped_steps"] == 4
+    assert done["state"] == "succeeded" and done["summary"]["skipped_steps"] == 4
 
     waiting = client.post("/jobs", json={**spec, "device": "gpu"}).json()  # no GPU worker here: it waits
     try:
@@ -76,15 +106,25 @@ def test_prometheus_counters_move_as_jobs_run(stack: Stack, client: httpx.Client
             == before[("mpjobs_queue_depth", (("queue", "gpu"),))] + 1
     finally:
         client.delete(f"/jobs/{waiting['id']}")
+    for ran in (job, skipper):
+        wait_until_the_task_returned(stack, ran["id"])
+    summaries = [client.get(f"/jobs/{ran['id']}").json()["summary"] for ran in (job, skipper)]
+    assert [s["steps_done"] for s in summaries] == [steps, 4]
+    assert [s["skipped_steps"] for s in summaries] == [0, 4]
+    codes = [{d["code"] for d in s["diagnoses"]} for s in summaries]
+    assert "gradient_underflow" in codes[0], codes
     after = scrape(client)
     assert after[("mpjobs_queue_depth", (("queue", "gpu"),))] == before[("mpjobs_queue_depth", (("queue", "gpu"),))]
-    assert after[("mpjobs_steps_total", ())] - before[("mpjobs_steps_total", ())] >= steps + 4
-    assert after[("mpjobs_skipped_steps_total", ())] - before[("mpjobs_skipped_steps_total", ())] >= 4
-    underflow = ("mpjobs_diagnoses_total", (("code", "gradient_underflow"),))
-    assert after[underflow] - before[underflow] >= 1
-    assert after[("mpjobs_gradient_underflow_jobs_total", ())] == after[underflow]
-    succeeded = ("mpjobs_jobs", (("state", "succeeded"),))
-    assert after[succeeded] - before[succeeded] >= 2
+    # Exact: a step counted twice, or a diagnosis counted on each summary write, shows here.
+    assert delta(before, after, "mpjobs_steps_total") == steps + 4
+    assert delta(before, after, "mpjobs_skipped_steps_total") == 4
+    counted = {labels[0][1]: delta(before, after, name, code=labels[0][1])
+               for name, labels in after if name == "mpjobs_diagnoses_total"}
+    assert counted == {code: sum(code in job_codes for job_codes in codes) for code in counted}
+    assert set().union(*codes) <= set(counted)
+    assert delta(before, after, "mpjobs_gradient_underflow_jobs_total") == counted["gradient_underflow"]
+    assert delta(before, after, "mpjobs_jobs", state="succeeded") == 2
+    assert delta(before, after, "mpjobs_jobs", state="canceled") == 1
 
 
 def test_running_job_reports_its_examples_per_second(stack: Stack, client: httpx.Client) -> None:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -127,3 +128,34 @@ def test_tenant_b_cannot_see_or_cancel_tenant_a_comparison(stack: Stack, keyed_a
         assert b.get(f"/jobs/{variant['job_id']}").status_code == 404
         stack.wait_for_state(a, variant["job_id"], {"succeeded"})
     assert a.get(f"/comparisons/{comparison['id']}").json()["state"] == "done"
+
+
+def test_api_keys_never_appear_in_the_api_output(stack: Stack, tmp_path: Path) -> None:
+    keys = {"tenant-a": "sk-a-7f3a9c1e5b", "tenant-b": "sk-b-4d2e8a6c0f"}
+    wrong = "sk-c-91b0d3f7e2"  # a caller's mistyped key can be a real one: never logged either
+    port = free_port()
+    env = {**stack.env, "API_KEYS": ",".join(f"{key}:{tenant}" for tenant, key in keys.items()),
+           "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "api.log"
+    with log.open("wb") as out:  # debug: a key logged at any level shows
+        api = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port),
+                                "--log-level", "debug"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: httpx.get(f"{base}/healthz").status_code == 200, 30, "the keyed API")
+        with httpx.Client(base_url=base, timeout=30) as c:
+            for key in keys.values():
+                bearer = {"Authorization": f"Bearer {key}"}
+                assert c.get("/jobs", headers=bearer).status_code == 200
+                assert c.get("/jobs/nope", headers=bearer).status_code == 404
+                assert c.post("/jobs", json={"model": {"name": "nope"}}, headers=bearer).status_code == 422
+            for authorization in (f"Bearer {wrong}", f"Bearer {keys['tenant-a']}x", f"Token {keys['tenant-a']}",
+                                  f"bearer  {keys['tenant-b']}", keys["tenant-b"]):
+                assert c.get("/jobs", headers={"Authorization": authorization}).status_code == 401, authorization
+    finally:
+        api.terminate()
+        api.wait(10)
+    output = log.read_text()
+    assert '"GET /jobs HTTP/1.1" 200' in output and '"GET /jobs HTTP/1.1" 401' in output, output[-2000:]
+    for key in [*keys.values(), wrong]:
+        assert key not in output, output[-2000:]

@@ -14,7 +14,9 @@ mkdir -p var/artifacts var/data var/redis var/log
 
 pids=()
 stop() { trap - EXIT INT TERM; kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
-trap stop EXIT INT TERM
+trap stop EXIT
+trap 'stop; exit 130' INT
+trap 'stop; exit 143' TERM
 
 if [ -z "${REDIS_URL:-}" ]; then
   if ! command -v redis-server >/dev/null; then

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.service.conftest import free_port, wait_until
 
@@ -67,9 +68,28 @@ def listening_addresses(port: int) -> set[str]:
 def test_without_api_keys_a_public_host_falls_back_to_loopback_with_a_warning(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "run.log"
-    # Killed, not stopped: stopped before it is ready, the script's TERM trap can return into its
-    # readiness loop, which then polls for about 90 s before it exits (seen on 2 of 5 tries).
-    with run_stack(log, signal.SIGKILL, PORT=str(port), HOST="0.0.0.0"):
+    with run_stack(log, PORT=str(port), HOST="0.0.0.0"):
         wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200, 120, "the API")
         assert listening_addresses(port) == {"0100007F"}, "the API listens on 127.0.0.1 only"
         assert "mpjobs: API_KEYS is not set, so the API stays on 127.0.0.1 (not 0.0.0.0)\n" in log.read_text()
+
+
+@pytest.mark.parametrize(("stop", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_stopped_before_it_is_ready_the_script_exits_at_once(tmp_path: Path, stop: signal.Signals,
+                                                             status: int) -> None:
+    """Ctrl-C during start-up ends the script, not only its children: it used to return into its
+    readiness loop and poll for about 90 s."""
+    log = tmp_path / "run.log"
+    clean = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "API_KEYS", "HOST"}}
+    clean.update(PY=sys.executable, TF_CPP_MIN_LOG_LEVEL="2", PORT=str(free_port()))
+    with open(log, "w") as out:
+        process = subprocess.Popen([str(ROOT / "scripts/run-stack.sh")], cwd=ROOT, env=clean, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: "local redis-server at" in log.read_text(), 60, "the script's redis-server")
+        os.killpg(process.pid, stop)
+        assert process.wait(20) == status
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)

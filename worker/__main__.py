@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import threading
+from typing import Any
 
 from redis import Redis
 from rq import Queue, SimpleWorker
@@ -28,17 +29,22 @@ from worker.reaper import Reaper
 
 log = logging.getLogger("mpjobs.worker")
 
-HEARTBEAT_INTERVAL_S = 10
-"""Seconds between heartbeats while a job runs; far inside RQ's worker TTL."""
-
 
 class TrainingWorker(SimpleWorker):
+    """`heartbeat_interval_s`: seconds between heartbeats while a job runs (default: the
+    HEARTBEAT_INTERVAL_S setting, 10 s); far inside RQ's worker TTL."""
+
+    def __init__(self, *args: Any, heartbeat_interval_s: float | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.heartbeat_interval_s = (get_settings().heartbeat_interval_s if heartbeat_interval_s is None
+                                     else heartbeat_interval_s)
+
     def execute_job(self, job: Job, queue: Queue) -> None:
         execution = self.prepare_execution(job)
         done = threading.Event()
 
         def beat() -> None:
-            while not done.wait(HEARTBEAT_INTERVAL_S):
+            while not done.wait(self.heartbeat_interval_s):
                 try:
                     self.maintain_heartbeats(job, execution)
                 except Exception:
@@ -70,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("device: %s; listening on %s", device.describe(), queues)
     redis = Redis.from_url(settings.redis_url)
     Reaper(settings, redis).start()
-    worker = TrainingWorker(queues, connection=redis, name=f"{socket.gethostname()}.{os.getpid()}")
+    worker = TrainingWorker(queues, connection=redis, name=f"{socket.gethostname()}.{os.getpid()}",
+                            heartbeat_interval_s=settings.heartbeat_interval_s)
     worker.work(burst=args.burst, with_scheduler=False, logging_level="INFO")
     return 0
 

@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     reap_interval_s: float = 10.0
     """How often every worker looks for running jobs whose lease expired. A dead worker's job is
     requeued within lease_s + reap_interval_s (40 s by default)."""
+    heartbeat_interval_s: float = Field(10.0, gt=0)
+    """Seconds between a worker's RQ heartbeats while a job runs (RQ's `maintain_heartbeats`: the worker's
+    `last_heartbeat` and the job's StartedJobRegistry expiry); far inside RQ's 90 s worker and job TTLs."""
     max_attempts: int = 3
     """Attempts per job, the first included; after the last, a lost worker fails the job (worker_lost)."""
     api_keys: str = ""

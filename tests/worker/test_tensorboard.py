@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
+from typing import Any
 
+import pytest
+import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from app.core.config import Settings
 from app.core.records import StepRecord
+from tests.worker.conftest import spec_of
+from worker.engine import run_job
+from worker.telemetry import FanOut, ListReporter
 from worker.tensorboard import TAGS, TensorBoardReporter
 
 
@@ -57,3 +65,29 @@ def test_the_float32_check_s_values_appear_on_the_steps_that_have_them(tmp_path:
     assert [(e.step, e.value) for e in events.Scalars("excess_zero_fraction")] == [(1, 0.25)]
     assert [(e.step, e.value) for e in events.Scalars("grad_rel_error")] == [(1, 0.5)]
     assert "regularization_loss" not in events.Tags()["scalars"]
+
+
+FULL_DISK_STEPS = 40
+"""More steps than tensorboard's writer queue (10 events) holds: some add_event must see its dead writer thread."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # tensorboard's writer thread dies
+def test_a_full_disk_fails_no_step_and_is_logged(tmp_path: Path, settings: Settings, monkeypatch: pytest.MonkeyPatch,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    board = TensorBoardReporter(tmp_path / "tensorboard", description="full disk")
+
+    def full(data: Any) -> None:  # what TensorFlow's file raised when a tmpfs filled up under a run
+        raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
+
+    monkeypatch.setattr(board._writer._general_file_writer, "write", full)  # the event file's own writes
+    steps = ListReporter()  # where the Redis reporter stands in a worker: before the board
+    with caplog.at_level(logging.ERROR, logger="mpjobs.worker"):
+        result = run_job(spec_of(precision_policy="float32", training={"steps": FULL_DISK_STEPS}),
+                         reporter=FanOut(steps, board), checkpoint_dir=tmp_path / "run", settings=settings)
+        board.close()  # as worker/tasks.py does after every run: a dead writer must not raise here either
+    assert result.status == "succeeded" and result.summary.steps_done == FULL_DISK_STEPS
+    assert [r.step for r in steps.records] == list(range(1, FULL_DISK_STEPS + 1))
+    failures = [r for r in caplog.records if r.name == "mpjobs.worker" and r.levelno == logging.ERROR]
+    assert failures and all(r.getMessage() == f"writing TensorBoard events to {tmp_path / 'tensorboard'} failed"
+                            for r in failures), caplog.text
+    assert failures[0].exc_info is not None and isinstance(failures[0].exc_info[1], tf.errors.ResourceExhaustedError)

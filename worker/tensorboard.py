@@ -66,34 +66,51 @@ class TensorBoardReporter:
     """
 
     def __init__(self, logdir: Path, resume_step: int = 0, description: str | None = None) -> None:
-        logdir.mkdir(parents=True, exist_ok=True)
         self.logdir = logdir
-        self._writer = EventFileWriter(str(logdir), flush_secs=FLUSH_SECS, filename_suffix=".mpjobs")
+        self.failures = 0
+        """Batches whose events could not be written: the first is logged with its error, the rest counted."""
         self._queue: queue.SimpleQueue[Sequence[StepRecord] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._write, name="tensorboard-writer", daemon=True)
-        if resume_step:
-            self._writer.add_event(Event(step=resume_step + 1, session_log=SessionLog(status=SessionLog.START)))
-        elif description:
-            self._writer.add_event(text_event("run", description))
+        self._writer: EventFileWriter | None = None
+        try:
+            logdir.mkdir(parents=True, exist_ok=True)
+            writer = EventFileWriter(str(logdir), flush_secs=FLUSH_SECS, filename_suffix=".mpjobs")
+            if resume_step:
+                writer.add_event(Event(step=resume_step + 1, session_log=SessionLog(status=SessionLog.START)))
+            elif description:
+                writer.add_event(text_event("run", description))
+        except Exception:  # a full disk or a bad folder at the start must not fail the job either
+            log.exception("TensorBoard events cannot be written to %s; the job trains without them", logdir)
+            return
+        self._writer = writer
         self._thread.start()
 
     def _write(self) -> None:
+        assert self._writer is not None
         while (records := self._queue.get()) is not None:
             try:
                 for record in records:
                     self._writer.add_event(step_event(record))
             except Exception:  # a full disk must not fail training; the metrics are also in Redis
-                log.exception("writing TensorBoard events to %s failed", self.logdir)
+                self.failures += 1
+                if self.failures == 1:  # once: a full disk would fail every batch from here on
+                    log.exception("writing TensorBoard events to %s failed", self.logdir)
 
     def steps(self, records: Sequence[StepRecord]) -> None:
-        self._queue.put(list(records))
+        if self._writer is not None:
+            self._queue.put(list(records))
 
     def summary(self, summary: Summary) -> None:
         """The summary is in the job record; TensorBoard gets the per-step scalars."""
 
     def close(self) -> None:
         """Write what is queued, then flush and close the file."""
+        if self._writer is None:
+            return
         self._queue.put(None)
         self._thread.join()
         self._writer.close()
+        if self.failures > 1:
+            log.error("writing TensorBoard events to %s failed for %d more batches; their steps are in Redis only",
+                      self.logdir, self.failures - 1)
 

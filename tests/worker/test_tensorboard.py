@@ -79,6 +79,7 @@ def test_a_full_disk_fails_no_step_and_is_logged(tmp_path: Path, settings: Setti
     def full(data: Any) -> None:  # what TensorFlow's file raised when a tmpfs filled up under a run
         raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
 
+    assert board._writer is not None
     monkeypatch.setattr(board._writer._general_file_writer, "write", full)  # the event file's own writes
     steps = ListReporter()  # where the Redis reporter stands in a worker: before the board
     with caplog.at_level(logging.ERROR, logger="mpjobs.worker"):
@@ -88,6 +89,26 @@ def test_a_full_disk_fails_no_step_and_is_logged(tmp_path: Path, settings: Setti
     assert result.status == "succeeded" and result.summary.steps_done == FULL_DISK_STEPS
     assert [r.step for r in steps.records] == list(range(1, FULL_DISK_STEPS + 1))
     failures = [r for r in caplog.records if r.name == "mpjobs.worker" and r.levelno == logging.ERROR]
-    assert failures and all(r.getMessage() == f"writing TensorBoard events to {tmp_path / 'tensorboard'} failed"
-                            for r in failures), caplog.text
+    logdir = tmp_path / "tensorboard"
+    # Logged once with its error, then counted, not a traceback per batch for the rest of the run.
+    assert failures[0].getMessage() == f"writing TensorBoard events to {logdir} failed", caplog.text
     assert failures[0].exc_info is not None and isinstance(failures[0].exc_info[1], tf.errors.ResourceExhaustedError)
+    assert board.failures >= 1
+    rest = [f"writing TensorBoard events to {logdir} failed for {board.failures - 1} more batches; their steps are "
+            "in Redis only"] if board.failures > 1 else []
+    assert [r.getMessage() for r in failures[1:]] == rest, caplog.text
+
+
+def test_a_folder_that_cannot_be_written_at_the_start_fails_no_step_and_is_logged(
+        tmp_path: Path, settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    blocked = tmp_path / "a file"
+    blocked.write_text("not a folder")
+    with caplog.at_level(logging.ERROR, logger="mpjobs.worker"):
+        board = TensorBoardReporter(blocked / "tensorboard", description="blocked")
+        steps = ListReporter()
+        result = run_job(spec_of(precision_policy="float32", training={"steps": 5}),
+                         reporter=FanOut(steps, board), checkpoint_dir=tmp_path / "run", settings=settings)
+        board.close()
+    assert result.status == "succeeded" and [r.step for r in steps.records] == [1, 2, 3, 4, 5]
+    assert [r.getMessage() for r in caplog.records if r.name == "mpjobs.worker"] == [
+        f"TensorBoard events cannot be written to {blocked / 'tensorboard'}; the job trains without them"]

@@ -4,13 +4,16 @@ against a stack of real processes with API keys on. Screenshots go to test-artif
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import httpx
 import pytest
+import redis
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
@@ -20,8 +23,9 @@ from selenium.webdriver.support.wait import WebDriverWait
 
 from app.cli.words import precision_speed_words, speed_cell
 from app.core.formats import number, percent, rate
+from app.store.keys import job_key
 from tests.browser import headless_chromium
-from tests.stack import ROOT, Stack, private_stack
+from tests.stack import ROOT, Stack, private_stack, wait_until
 
 KEY = "dashboard-key"
 STATIC = ROOT / "app" / "static"
@@ -186,10 +190,82 @@ def test_dashboard_and_vendored_uplot_are_served_without_a_key_or_a_cdn(keyed_st
     assert not URL.search((STATIC / "vendor" / "uPlot.min.css").read_text())
 
 
+def stopped(pid: int) -> bool:
+    """Whether every thread of process `pid` has stopped (SIGSTOP is delivered asynchronously)."""
+    return all((task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+               for task in Path(f"/proc/{pid}/task").iterdir())
+
+
+def run_past(r: redis.Redis, job_id: str, pid: int, step: int, steps: int) -> int | None:
+    """Lets the worker `pid` (its own process group) run until the job has stored a step past `step`,
+    polling Redis every millisecond, then SIGSTOPs it. Returns the stored step if, with the worker
+    stopped, the job is still mid-run (running, fewer than `steps` steps); None if it got to its end."""
+    def moved() -> bool:
+        state, done = r.hmget(job_key(job_id), "state", "step")
+        return state != "running" or int(done or 0) > step
+
+    os.killpg(pid, signal.SIGCONT)
+    wait_until(moved, 120, f"job {job_id} past step {step}", interval=0.001)
+    os.killpg(pid, signal.SIGSTOP)
+    wait_until(lambda: stopped(pid), 10, f"worker {pid} to stop", interval=0.001)
+    state, done = r.hmget(job_key(job_id), "state", "step")
+    return int(done) if state == "running" and int(done or 0) < steps else None
+
+
+def plotted(driver: WebDriver) -> int:
+    """Steps on the page's loss-scale chart: one point per step, never a gap."""
+    return chart(driver, "loss-scale")["points"]
+
+
+def job_worker(api: httpx.Client, job_id: str) -> int:
+    """The pid of the worker that took the job, once it runs; that worker leads its own process group."""
+    worker = wait_until(lambda: api.get(f"/jobs/{job_id}").json()["worker"], 120, f"job {job_id} to start")
+    pid = int(worker["pid"])
+    assert os.getpgid(pid) == pid  # SIGSTOP to the group reaches that worker and nothing else
+    return pid
+
+
+def charts_fill_mid_run(browser: WebDriver, api: httpx.Client, r: redis.Redis, job_id: str, pid: int,
+                        steps: int) -> int | None:
+    """Stops the job's worker past step 2, opens the job's page from the list and reads its charts;
+    lets a burst of steps run, stops the worker again and reads the charts again, now grown from the
+    live stream. Both reads inside the running state. Returns the last step drawn, the worker left
+    stopped; None if the job reached its end first (a fast machine)."""
+    held = run_past(r, job_id, pid, 2, steps)
+    if held is None:
+        return None
+    row = f'[data-testid="job-row"][data-job-id="{job_id}"]'
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row), 10, "the job in the list")
+    page = f'[data-testid="job-page"][data-job-id="{job_id}"]'
+
+    def opened(driver: WebDriver) -> bool:
+        # The live list redraws its rows: a link found before a redraw is stale, so find it and click again.
+        if not driver.find_elements(By.CSS_SELECTOR, page):
+            driver.find_element(By.CSS_SELECTOR, f'{row} [data-testid="job-link"]').click()
+        return bool(driver.find_elements(By.CSS_SELECTOR, page))
+
+    wait_for(browser, opened, 10, "the job page")
+    wait_for(browser, lambda d: plotted(d) == held and attr(d, "job-page", "data-state") == "running",
+             60, f"the {held} steps done to be plotted")
+    job = api.get(f"/jobs/{job_id}").json()
+    assert job["state"] == "running" and job["progress"]["step"] == held, job["progress"]
+    first = {key: chart(browser, key)["points"] for key in ("loss", "loss-scale")}
+    assert first["loss-scale"] == held > 0
+    wait_for(browser, lambda d: text_of(d, "stream-status") == "Live.", 10, "the live stream")
+
+    held = run_past(r, job_id, pid, held, steps)
+    if held is None:
+        return None
+    wait_for(browser, lambda d: plotted(d) == held, 20, f"the burst's steps, to step {held}, to be plotted")
+    assert all(chart(browser, key)["points"] > first[key] for key in first)
+    job = api.get(f"/jobs/{job_id}").json()
+    assert job["state"] == "running" and job["progress"]["step"] == held < steps, job["progress"]
+    return held
+
+
 def test_a_job_from_the_form_charts_live_and_its_stream_survives_an_api_restart(
     keyed_stack: Stack, api: httpx.Client, browser: WebDriver,
 ) -> None:
-    steps = 150
     # A fresh tab session: the list meets a 401 and asks for the key; a wrong one is refused.
     browser.get(f"{keyed_stack.base_url}/#/jobs")
     browser.execute_script("sessionStorage.clear()")
@@ -202,42 +278,51 @@ def test_a_job_from_the_form_charts_live_and_its_stream_survives_an_api_restart(
     assert not dialog_open(browser)
     assert browser.execute_script("return sessionStorage.getItem('mpjobs.apiKey')") == KEY
 
-    job_id = submit_job(browser, {
-        "name": "dashboard live", "model.name": "mlp", "precision_policy": "mixed_float16",
-        "loss_scale.mode": "dynamic", "loss_scale.initial_scale": 32768, "loss_scale.growth_steps": 10,
-        "training.steps": steps, "training.batch_size": 32, "training.learning_rate": 0.001,
-    })
-    spec = api.get(f"/jobs/{job_id}").json()["spec"]
-    assert spec["precision_policy"] == "mixed_float16"
-    assert spec["loss_scale"] == {"mode": "dynamic", "initial_scale": 32768.0, "growth_steps": 10}
-    assert spec["training"]["steps"] == steps and spec["training"]["batch_size"] == 32
+    # The job's worker is stopped (SIGSTOP) wherever the test must find the job mid-run, and let go
+    # in bursts, so every check holds on a machine of any speed. A job that reached its end all the
+    # same (a fast machine) is submitted again, from the form, with four times the steps.
+    r, steps, pid = keyed_stack.redis.client(), 60, None
+    try:
+        for _ in range(3):
+            job_id = submit_job(browser, {
+                "name": "dashboard live", "model.name": "mlp", "precision_policy": "mixed_float16",
+                "loss_scale.mode": "dynamic", "loss_scale.initial_scale": 32768, "loss_scale.growth_steps": 10,
+                "training.steps": steps, "training.batch_size": 32, "training.learning_rate": 0.001,
+            })
+            spec = api.get(f"/jobs/{job_id}").json()["spec"]
+            assert spec["precision_policy"] == "mixed_float16"
+            assert spec["loss_scale"] == {"mode": "dynamic", "initial_scale": 32768.0, "growth_steps": 10}
+            assert spec["training"]["steps"] == steps and spec["training"]["batch_size"] == 32
+            pid = job_worker(api, job_id)
+            held = charts_fill_mid_run(browser, api, r, job_id, pid, steps)
+            if held is not None:
+                break
+            os.killpg(pid, signal.SIGCONT)
+            open_dashboard(browser, keyed_stack, "#/jobs")  # a fresh form
+            steps *= 4
+        else:
+            raise AssertionError(f"no job of up to {steps // 4} steps was still mid-run after a burst")
 
-    row = f'[data-testid="job-row"][data-job-id="{job_id}"]'
-    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row), 10, "the job in the list")
-
-    page = f'[data-testid="job-page"][data-job-id="{job_id}"]'
-
-    def opened(driver: WebDriver) -> bool:
-        # The live list redraws its rows: a link found before a redraw is stale, so find it and click again.
-        if not driver.find_elements(By.CSS_SELECTOR, page):
-            driver.find_element(By.CSS_SELECTOR, f'{row} [data-testid="job-link"]').click()
-        return bool(driver.find_elements(By.CSS_SELECTOR, page))
-
-    wait_for(browser, opened, 10, "the job page")
-
-    # The charts fill while the job runs: two reads, both inside the running state.
-    wait_for(browser, lambda d: chart(d, "loss")["points"] > 0, 60, "the first plotted step")
-    assert api.get(f"/jobs/{job_id}").json()["state"] == "running"
-    first = {key: chart(browser, key)["points"] for key in ("loss", "loss-scale")}
-    wait_for(browser, lambda d: all(chart(d, k)["points"] > first[k] for k in first), 20, "more plotted steps")
-    job = api.get(f"/jobs/{job_id}").json()
-    assert job["state"] == "running" and job["progress"]["step"] < steps, job["progress"]
-
-    # The API dies mid-run; the page reconnects with ?after=<last step> and misses nothing.
-    assert keyed_stack.api is not None
-    keyed_stack.api.kill()
-    keyed_stack.api.wait(10)
-    keyed_stack.start_api()
+        # The API dies mid-run (its worker stopped, every stored step drawn); the page sees the break,
+        # reconnects to the new API with ?after=<the last step drawn>, and misses nothing.
+        assert keyed_stack.api is not None
+        keyed_stack.api.kill()
+        keyed_stack.api.wait(10)
+        wait_for(browser, lambda d: text_of(d, "stream-status") == "Reconnecting…", 20, "the page to see the break")
+        api_log = keyed_stack.logs / "api.log"
+        restarted_at = api_log.stat().st_size
+        keyed_stack.start_api()
+        wait_for(browser, lambda d: text_of(d, "stream-status") == "Live.", 30, "the page to reconnect")
+        assert r.hget(job_key(job_id), "state") == "running" and plotted(browser) == held
+        with api_log.open("rb") as log:
+            log.seek(restarted_at)
+            afters = re.findall(rf"GET /jobs/{job_id}/metrics/stream\?after=(\d+)", log.read().decode())
+        assert afters and set(afters) == {str(held)}, afters
+    finally:  # never leave a stopped worker, or no API, to the module's other tests
+        if pid is not None:
+            os.killpg(pid, signal.SIGCONT)
+        if keyed_stack.api is not None and keyed_stack.api.poll() is not None:
+            keyed_stack.start_api()
 
     done = keyed_stack.wait_for_state(api, job_id, {"succeeded", "failed", "canceled"}, timeout=120)
     assert done["state"] == "succeeded", done["error"]
@@ -255,12 +340,16 @@ def test_a_job_from_the_form_charts_live_and_its_stream_survives_an_api_restart(
         assert chart(browser, key) == {"points": drawn, "skipped": skipped}, key
     assert chart(browser, "loss-scale")["points"] == steps
 
-    # mixed_float16 on this CPU: the summary ends with the run's speed check against float32.
+    # mixed_float16 on a CPU: the summary ends with the run's speed check against float32 (a GPU
+    # worker runs none).
     ps = done["summary"]["precision_speed"]
-    assert ps is not None
-    wait_for(browser, lambda d: "Step time against float32 (this CPU)" in text_of(d, "summary"), 10,
-             "the speed check in the summary")
-    assert precision_speed_words(ps) in text_of(browser, "summary")
+    if done["worker"]["device"]["kind"] == "cpu":
+        assert ps is not None
+        wait_for(browser, lambda d: "Step time against float32 (this CPU)" in text_of(d, "summary"), 10,
+                 "the speed check in the summary")
+        assert precision_speed_words(ps) in text_of(browser, "summary")
+    else:
+        assert ps is None and "Step time against float32" not in text_of(browser, "summary")
     diagnoses = by_testid(browser, "diagnoses").text
     for diagnosis in done["summary"]["diagnoses"]:
         assert diagnosis["message"] in diagnoses

@@ -82,7 +82,11 @@ class Stack:
         for d in (self.artifacts, self.data, self.logs):
             d.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "REDIS_URL": redis_server.url, "ARTIFACTS_DIR": str(self.artifacts),
-                    "DATA_ROOT": str(self.data), "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+                    "DATA_ROOT": str(self.data), "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2",
+                    # The speed check still runs after every half-precision job (all its rounds, the
+                    # A/A pair), one step per piece: on a CPU where float16 is 25x slower, the default
+                    # 4 steps cost seconds per job across the suite. Its own tests set their steps.
+                    "SPEED_CHECK_STEPS": "1"}
         self.api: subprocess.Popen[bytes] | None = None
         self.workers: list[subprocess.Popen[bytes]] = []
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import keras
 
-from app.core.formats import ratio, speed_words
+from app.core.formats import ratio_range, speed_words
 from app.core.records import PrecisionSpeed
 
 FAST_FLOAT16_MIN_CC = (7, 0)
@@ -106,7 +106,7 @@ def slow_precision_message(
     present = sorted(device.cpu_flags & set(CPU_HALF_FLAGS))
     units = f"it has {', '.join(present)}" if present else f"it has none of {', '.join(CPU_HALF_FLAGS)}"
     low, high = speed.interval
-    noise = (f"; float32 against itself: {ratio(speed.noise_low)[:-1]}–{ratio(speed.noise_high)}"
+    noise = (f"; float32 against itself: {ratio_range(speed.noise_low, speed.noise_high)}"
              if speed.noise_low is not None and speed.noise_high is not None else "")
     return (
         f"On this CPU ({device.name}; {units}) a training step of this model took {speed.policy_ms:.3g} ms "

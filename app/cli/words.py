@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from app.core.formats import number, percent, rate, ratio, speed_words
+from app.core.formats import number, percent, rate, ratio, ratio_range, speed_words
 from app.core.job import JobState
 
 
@@ -33,12 +33,17 @@ def loss_scale_words(scale: dict[str, Any] | None) -> str:
     return f"dynamic loss scale from {scale['initial_scale']:g}, doubling after {scale['growth_steps']} finite steps"
 
 
+def _interval(ps: dict[str, Any]) -> tuple[float, float]:
+    """A PrecisionSpeed's quartiles; a record from before they existed has only its median."""
+    return (ps["slowdown"] if ps.get("low") is None else ps["low"],
+            ps["slowdown"] if ps.get("high") is None else ps["high"])
+
+
 def precision_speed_words(ps: dict[str, Any]) -> str:
     """A speed check (summary.precision_speed, or a comparison variant's speed) against float32, in words."""
-    low = ps["slowdown"] if ps.get("low") is None else ps["low"]
-    high = ps["slowdown"] if ps.get("high") is None else ps["high"]
+    low, high = _interval(ps)
     rounds = f", quartiles of {ps['rounds']} rounds" if ps.get("rounds") else ""
-    noise = (f"; float32 against itself {ratio(ps['noise_low'])[:-1]}–{ratio(ps['noise_high'])}"
+    noise = (f"; float32 against itself {ratio_range(ps['noise_low'], ps['noise_high'])}"
              if ps.get("noise_low") is not None and ps.get("noise_high") is not None else "")
     return (f"{speed_words(ps['slowdown'], low, high, ps.get('difference', 'none'))} "
             f"({number(ps['policy_ms'], 3)} ms against {number(ps['float32_ms'], 3)} ms per step{rounds}{noise})")
@@ -103,9 +108,7 @@ def speed_cell(v: dict[str, Any], dash: str = "-") -> str:
     ps = v.get("speed")
     if not ps:
         return "not timed" if v.get("speed_error") else dash
-    low = ps["slowdown"] if ps.get("low") is None else ps["low"]
-    high = ps["slowdown"] if ps.get("high") is None else ps["high"]
-    return f"{ratio(ps['slowdown'])} ({ratio(low)[:-1]}–{ratio(high)[:-1]})"
+    return f"{ratio(ps['slowdown'])} ({ratio_range(*_interval(ps), unit='')})"
 
 
 def comparison_report(c: dict[str, Any]) -> str:

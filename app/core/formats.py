@@ -86,6 +86,15 @@ def ratio(value: float) -> str:
     return f"{fixed if abs(fixed) >= Decimal('0.1') or value == 0 else _positional(_significant(value, 2))}×"
 
 
+def ratio_range(low: float, high: float, unit: str = "×") -> str:
+    """Two ratios as a range, the sign once at the end.
+
+    >>> ratio_range(0.95, 1.064), ratio_range(0.95, 1.064, unit="")
+    ('0.95–1.06×', '0.95–1.06')
+    """
+    return f"{ratio(low)[:-1]}–{ratio(high)[:-1]}{unit}"
+
+
 def speed_words(slowdown: float, low: float, high: float, difference: str) -> str:
     """A measured speed against float32 (app.core.records.PrecisionSpeed) with its interval, in words.
 
@@ -100,7 +109,7 @@ def speed_words(slowdown: float, low: float, high: float, difference: str) -> st
     "no measurable speed difference from float32 (step time 0.95–1.06× float32's)"
     """
     if difference == "slower":
-        return f"{ratio(slowdown)} slower than float32 ({ratio(low)[:-1]}–{ratio(high)})"
+        return f"{ratio(slowdown)} slower than float32 ({ratio_range(low, high)})"
     if difference == "faster":
-        return f"{ratio(1 / slowdown)} faster than float32 ({ratio(1 / high)[:-1]}–{ratio(1 / low)})"
-    return f"no measurable speed difference from float32 (step time {ratio(low)[:-1]}–{ratio(high)} float32's)"
+        return f"{ratio(1 / slowdown)} faster than float32 ({ratio_range(1 / high, 1 / low)})"
+    return f"no measurable speed difference from float32 (step time {ratio_range(low, high)} float32's)"

@@ -4,7 +4,7 @@ import { api } from "./api.js";
 import { OverlayChart } from "./charts.js";
 import { precisionSpeedText } from "./job.js";
 import {
-  TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtRate, fmtRatio, fmtTime, h, poll, progressBar, stateBadge,
+  TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtRate, fmtRatio, fmtRatioRange, fmtTime, h, poll, progressBar, stateBadge,
 } from "./dom.js";
 
 const POLL_MS = 2000;
@@ -46,7 +46,7 @@ function speedCell(v) {
   if (!ps) return v.speed_error ? "not timed" : "–";
   const low = ps.low ?? ps.slowdown;
   const high = ps.high ?? ps.slowdown;
-  return `${fmtRatio(ps.slowdown)} (${fmtRatio(low).slice(0, -1)}–${fmtRatio(high).slice(0, -1)})`;
+  return `${fmtRatio(ps.slowdown)} (${fmtRatioRange(low, high, "")})`;
 }
 
 function speedTitle(v) {

@@ -91,12 +91,16 @@ export function fmtRatio(value) {
 // A measured speed against float32 in words, with its interval: twin of app/core/formats.py speed_words.
 // `slowdown` is step time over float32's; `difference` is the measurement's own call, never re-judged here.
 export function fmtSpeed(slowdown, low, high, difference) {
-  const bare = (v) => fmtRatio(v).slice(0, -1);
-  if (difference === "slower") return `${fmtRatio(slowdown)} slower than float32 (${bare(low)}–${fmtRatio(high)})`;
+  if (difference === "slower") return `${fmtRatio(slowdown)} slower than float32 (${fmtRatioRange(low, high)})`;
   if (difference === "faster") {
-    return `${fmtRatio(1 / slowdown)} faster than float32 (${bare(1 / high)}–${fmtRatio(1 / low)})`;
+    return `${fmtRatio(1 / slowdown)} faster than float32 (${fmtRatioRange(1 / high, 1 / low)})`;
   }
-  return `no measurable speed difference from float32 (step time ${bare(low)}–${fmtRatio(high)} float32's)`;
+  return `no measurable speed difference from float32 (step time ${fmtRatioRange(low, high)} float32's)`;
+}
+
+// Two ratios as a range, the sign once at the end: twin of app/core/formats.py ratio_range.
+export function fmtRatioRange(low, high, unit = "×") {
+  return `${fmtRatio(low).slice(0, -1)}–${fmtRatio(high).slice(0, -1)}${unit}`;
 }
 
 export function fmtTime(iso) {

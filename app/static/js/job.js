@@ -3,7 +3,7 @@
 import { api, followMetrics } from "./api.js";
 import { JobCharts } from "./charts.js";
 import {
-  TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtRate, fmtRatio, fmtSpeed, fmtTime, h, lossScaleText, poll,
+  TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtRate, fmtRatioRange, fmtSpeed, fmtTime, h, lossScaleText, poll,
   progressBar, stateBadge,
 } from "./dom.js";
 
@@ -40,7 +40,7 @@ export function precisionSpeedText(ps) {
   const high = ps.high ?? ps.slowdown;
   const rounds = ps.rounds ? `, quartiles of ${ps.rounds} rounds` : "";
   const noise = ps.noise_low != null && ps.noise_high != null
-    ? `; float32 against itself ${fmtRatio(ps.noise_low).slice(0, -1)}–${fmtRatio(ps.noise_high)}` : "";
+    ? `; float32 against itself ${fmtRatioRange(ps.noise_low, ps.noise_high)}` : "";
   return `${fmtSpeed(ps.slowdown, low, high, ps.difference ?? "none")} ` +
     `(${fmtNumber(ps.policy_ms, 3)} ms against ${fmtNumber(ps.float32_ms, 3)} ms per step${rounds}${noise})`;
 }

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import keras
 from keras.src.losses.losses import LossFunctionWrapper  # what compile wraps a function in; not exported
 
-from app.core.records import StepRecord, Summary
+from app.core.records import LayerCheck, StepRecord, Summary
 from worker.optimizer import TelemetryOptimizer
 
 TELEMETRY_LOG_KEY = "step_telemetry"
@@ -25,6 +25,10 @@ class Reporter(Protocol):
 
     def steps(self, records: Sequence[StepRecord]) -> None: ...
 
+    def layers(self, checks: Sequence[LayerCheck]) -> None:
+        """Layer checks, handed over just before the batch of steps that holds their steps."""
+        ...
+
     def summary(self, summary: Summary) -> None: ...
 
 
@@ -33,12 +37,16 @@ class ListReporter:
 
     def __init__(self) -> None:
         self.records: list[StepRecord] = []
+        self.layer_checks: list[LayerCheck] = []
         self.batches: int = 0
         self.summaries: list[Summary] = []
 
     def steps(self, records: Sequence[StepRecord]) -> None:
         self.batches += 1
         self.records.extend(records)
+
+    def layers(self, checks: Sequence[LayerCheck]) -> None:
+        self.layer_checks.extend(checks)
 
     def summary(self, summary: Summary) -> None:
         self.summaries.append(summary)
@@ -53,6 +61,10 @@ class FanOut:
     def steps(self, records: Sequence[StepRecord]) -> None:
         for reporter in self.reporters:
             reporter.steps(records)
+
+    def layers(self, checks: Sequence[LayerCheck]) -> None:
+        for reporter in self.reporters:
+            reporter.layers(checks)
 
     def summary(self, summary: Summary) -> None:
         for reporter in self.reporters:

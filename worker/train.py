@@ -1,6 +1,7 @@
 """Run one job spec locally: `python -m worker.train SPEC.json [--out DIR]`.
 
-Prints one JSON line per step record, then one `{"summary": ...}` line, and
+Prints one JSON line per step record, a `{"layers": ...}` line per layer check
+(before the steps it rides with), then one `{"summary": ...}` line, and
 writes TensorBoard event files under `DIR/tensorboard`. A
 failure prints `{"error": {"reason", "message"}}` and exits 1; a bad spec
 prints the field errors and exits 2. Rerunning with the same `--out` resumes
@@ -20,7 +21,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from app.core.errors import JobFailed
-from app.core.records import StepRecord, Summary
+from app.core.records import LayerCheck, StepRecord, Summary
 from app.core.spec import JobSpec
 
 EXIT_FAILED = 1
@@ -33,6 +34,10 @@ class JsonLinesReporter:
 
     def steps(self, records: Sequence[StepRecord]) -> None:
         self.stream.write("".join(r.model_dump_json() + "\n" for r in records))
+        self.stream.flush()
+
+    def layers(self, checks: Sequence[LayerCheck]) -> None:
+        self.stream.write("".join(json.dumps({"layers": c.model_dump(mode="json")}) + "\n" for c in checks))
         self.stream.flush()
 
     def summary(self, summary: Summary) -> None:

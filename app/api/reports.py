@@ -50,6 +50,8 @@ def _result(variant: Variant, job: Job, base: Job, is_base: bool, timed: Variant
         skipped_steps=summary.skipped_steps if summary else None,
         peak_zero_grad_fraction=summary.peak_zero_grad_fraction if summary else None,
         peak_excess_zero_fraction=summary.peak_excess_zero_fraction if summary else None,
+        underflow_layer=summary.underflow_layer if summary else None,
+        underflow_step=summary.underflow_step if summary else None,
         diagnoses=diagnoses,
         error=job.error,
         device=_device(job),

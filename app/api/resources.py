@@ -40,6 +40,10 @@ class VariantResult(BaseModel):
     peak_zero_grad_fraction: float | None
     peak_excess_zero_fraction: float | None = None
     """Largest share of gradient values zero under the variant's policy but not in float32 (checked steps)."""
+    underflow_layer: str | None = None
+    """The first layer that loses gradients: where underflow begins, at the variant's first layer check
+    that found one (its summary's `underflow_layer`)."""
+    underflow_step: int | None = None
     diagnoses: list[Diagnosis]
     error: JobError | None
     device: str | None

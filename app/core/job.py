@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from app.core.records import StepRecord, Summary
+from app.core.records import LayerCheck, StepRecord, Summary
 from app.core.spec import JobSpec
 
 
@@ -77,6 +77,14 @@ class MetricsPage(BaseModel):
     missing_steps: list[tuple[int, int]] = []
     """Inclusive step ranges that were trained but lost (e.g. to a Redis restart): gaps inside this
     page and, on an ended job's last page, the steps after the last one stored. Never filled in."""
+
+
+class LayersPage(BaseModel):
+    job_id: str
+    checks: list[LayerCheck]
+    """Layer checks in step order, each once."""
+    next_after: int | None
+    """Pass as `after` for the next page; null when no more checks exist yet."""
 
 
 class Stat(BaseModel):

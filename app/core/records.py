@@ -53,12 +53,78 @@ class DiagnosisCode(StrEnum):
     SLOW_PRECISION_ON_DEVICE = "slow_precision_on_device"
     FLOAT32_FALLBACK = "float32_fallback"
     HALF_PRECISION_OUTPUT = "half_precision_output"
+    LAYER_UNDERFLOW = "layer_underflow"
+    ACTIVATION_OVERFLOW_RISK = "activation_overflow_risk"
 
 
 class Diagnosis(Strict):
     code: DiagnosisCode
     message: str
     first_step: int | None
+    layer: str | None = None
+    """The layer the diagnosis names (a key of the job's layer checks), for the dashboard and CLI to link to."""
+
+
+# --- per-layer numerics -----------------------------------------------------
+
+
+class LayerNumerics(Strict):
+    """One layer at one layer check (worker/layer_numerics.py): its gradient and its output activation.
+
+    The gradient fields cover the layer's own trainable variables, unscaled, in float32, as
+    the float32 check computes them; a layer without trainable variables has `values` 0 and
+    null gradient fields. The activation fields describe the layer's output in the dtype it
+    computes in (float16 under mixed_float16, float32 for a layer kept in float32).
+    Magnitudes are given as base-2 logarithms: -24.0 is 2^-24, float16's smallest subnormal.
+    """
+
+    name: str
+    kind: str
+    """The layer's class, e.g. "Conv3D"."""
+    values: int
+    """Gradient values (its trainable variables' sizes added up); 0: nothing to train."""
+    zero_fraction: float | None = None
+    """Share of its gradient values that are exactly zero."""
+    excess_zero_fraction: float | None = None
+    """Share of its gradient values zero under the policy but not in float32 (null: no float32 reference)."""
+    grads_finite: bool = True
+    grad_norm: float | None = None
+    """L2 norm of its unscaled gradient (null: no values, or not finite)."""
+    grad_max_log2: float | None = None
+    """log2 of its largest |g| (null: all zero, or not finite)."""
+    grad_min_log2: float | None = None
+    """log2 of its smallest non-zero |g|."""
+    lost_min_log2: float | None = None
+    """log2 of the smallest float32 |g| among the values the policy lost (null: none lost)."""
+    activation_dtype: str | None = None
+    """The dtype of its output (null: its output could not be read, e.g. a layer called twice)."""
+    activation_finite: bool = True
+    activation_max: float | None = None
+    """Largest |a| of its output (null: not finite)."""
+    activation_headroom_log2: float | None = None
+    """log2(dtype's largest value / activation_max): doublings left before it overflows (null: all zero or
+    not finite; 0 or less once it overflowed)."""
+    activation_subnormal_fraction: float | None = None
+    """Share of its output values that are not zero but below the dtype's smallest normal (2^-14 for float16)."""
+    activation_zero_fraction: float | None = None
+    """Share of its output values that are exactly zero (ReLU zeros included: not an underflow by itself)."""
+
+
+class LayerCheck(Strict):
+    """Every layer's numerics at one step, the layers in the model's order (input side first)."""
+
+    step: int
+    compute_dtype: str
+    loss_scale: float
+    """The loss scale in force at the step (the gradients are unscaled by it)."""
+    layers: list[LayerNumerics]
+    underflow_layer: str | None = None
+    """The layer where gradient underflow begins at this step: the flagged layer nearest the output
+    (backpropagation reaches it first). Null: none flagged."""
+    overflow_layer: str | None = None
+    """The first layer, from the input, whose activations are within two doublings of overflow (or overflowed)."""
+    time: float
+    """Unix time of the check."""
 
 
 SpeedDifference = Literal["slower", "faster", "none"]
@@ -148,4 +214,12 @@ class Summary(Strict):
     """On a CPU, for a float16/bfloat16 policy that succeeded: its speed against float32 there."""
     variant_speeds: list[VariantSpeed] = []
     """A comparison's float32 baseline only: every other variant's speed against float32, timed in turns."""
+    layer_checks: int = 0
+    """Steps whose per-layer numerics were recorded (GET /jobs/{id}/layers)."""
+    underflow_layer: str | None = None
+    """The layer where gradient underflow begins, at the first layer check that found one."""
+    underflow_step: int | None = None
+    overflow_layer: str | None = None
+    """The first layer whose activations came within two doublings of overflow, at the first check that saw one."""
+    overflow_step: int | None = None
     diagnoses: list[Diagnosis] = []

@@ -91,6 +91,10 @@ class TrainingSpec(Strict):
     underflow_check_every: int = Field(UNDERFLOW_CHECK_EVERY, ge=0, le=10_000_000)
     """Under a float16/bfloat16 compute policy, compare the step's gradient with float32's at
     step 1 and every multiple of this step (worker/float32_check.py). 0 turns the check off."""
+    layer_check_every: int | None = Field(None, ge=0, le=10_000_000)
+    """Record every layer's gradient and activation numerics (GET /jobs/{id}/layers) at step 1 and
+    every multiple of this step. None: on the float32 check's steps (`underflow_check_every`) under a
+    float16/bfloat16 compute policy, and never under float32. 0 turns the layer checks off, at no cost."""
 
 
 class SyntheticDataset(Strict):

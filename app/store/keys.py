@@ -5,6 +5,7 @@ Keys (prefix `mpjobs:`):
     job:{id}:events     stream one entry per state transition (also feeds SSE)
     job:{id}:metrics    stream one entry per step, entry id `{step}-0`
     job:{id}:rollup     stream one entry per ROLLUP_STEPS steps, entry id `{index}-0`
+    job:{id}:layers     stream one entry per layer check, entry id `{step}-0`, field `l` (LayerCheck JSON)
     jobs:{tenant}       zset   the tenant's job ids, scored by creation sequence
     jobs:{tenant}:{state} zset the tenant's job ids in that state, same scores
     idem:{tenant}:{sha} string Idempotency-Key -> {fingerprint, job_id}, kept IDEMPOTENCY_TTL_S
@@ -30,7 +31,7 @@ import hashlib
 from typing import Any
 
 from app.core.job import JobState
-from app.core.records import StepRecord
+from app.core.records import LayerCheck, StepRecord
 
 PREFIX = "mpjobs:"
 RUNNING = f"{PREFIX}running"
@@ -55,6 +56,10 @@ def metrics_key(job_id: str) -> str:
 
 def rollup_key(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:rollup"
+
+
+def layers_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:layers"
 
 
 def view_key(job_id: str, max_points: int) -> str:
@@ -92,6 +97,8 @@ STEP_FIELD = "r"
 """The field of a metrics entry that holds its StepRecord as JSON."""
 ROLLUP_FIELD = "a"
 """The field of a rollup entry that holds its Rollup as JSON."""
+LAYERS_FIELD = "l"
+"""The field of a layers entry that holds its LayerCheck as JSON."""
 
 
 def entry_id(number: int) -> str:
@@ -115,3 +122,11 @@ def step_fields(record: StepRecord) -> dict[str, str]:
 
 def step_record(fields: dict[str, Any]) -> StepRecord:
     return StepRecord.model_validate_json(fields[STEP_FIELD])
+
+
+def layers_fields(check: LayerCheck) -> dict[str, str]:
+    return {LAYERS_FIELD: check.model_dump_json()}
+
+
+def layer_check(fields: dict[str, Any]) -> LayerCheck:
+    return LayerCheck.model_validate_json(fields[LAYERS_FIELD])

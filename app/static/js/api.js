@@ -139,6 +139,8 @@ function sleep(ms, signal) {
 
 // Follows a job's metrics stream from step `after` until its `end` event, reconnecting with
 // `?after=<last step seen>` after a network error. `onStatus` gets "live" or "reconnecting".
+// `onEvent` gets every event: `metrics` (one StepRecord; its id, the step, is where a reconnect
+// resumes), `layers` (one LayerCheck; no id, so it never moves the resume point), `state`, `end`.
 export async function followMetrics(jobId, { after, signal, onEvent, onStatus }) {
   const path = `/jobs/${encodeURIComponent(jobId)}/metrics/stream`;
   let wait = RETRY_MIN_MS;

@@ -10,6 +10,7 @@ const ROUTES = [
   [/^#?\/?$/, "jobs", jobsView],
   [/^#\/jobs\/?$/, "jobs", jobsView],
   [/^#\/jobs\/([^/]+)$/, "jobs", jobView],
+  [/^#\/jobs\/([^/]+)\/layers\/?([^/]*)$/, "jobs", jobView], // "" when no layer is named: the panel itself
   [/^#\/comparisons\/?$/, "comparisons", comparisonsView],
   [/^#\/comparisons\/([^/]+)$/, "comparisons", comparisonView],
 ];

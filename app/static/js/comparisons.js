@@ -3,6 +3,7 @@
 import { api } from "./api.js";
 import { OverlayChart } from "./charts.js";
 import { precisionSpeedText } from "./job.js";
+import { layersHref } from "./layers.js";
 import {
   TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtRate, fmtRatio, fmtRatioRange, fmtTime, h, poll, progressBar, stateBadge,
 } from "./dom.js";
@@ -54,6 +55,18 @@ function speedTitle(v) {
   return v.speed_error ?? "";
 }
 
+// The first layer that loses gradients (its summary's underflow_layer), linked to its row on the job page.
+function underflowLayerCell(v) {
+  const attrs = { class: "layer-cell", "data-testid": "underflow-layer", "data-layer": v.underflow_layer ?? "" };
+  if (!v.underflow_layer) {
+    const done = TERMINAL.has(v.state) && !v.error;
+    return h("td", { ...attrs, class: "layer-cell muted", title: done ? "No layer check found underflow." : null },
+      done ? "none" : "–");
+  }
+  return h("td", attrs, h("a", { href: layersHref(v.job_id, v.underflow_layer), class: "mono" }, v.underflow_layer),
+    v.underflow_step ? ` at step ${v.underflow_step}` : "");
+}
+
 function variantRow(v) {
   const diagnoses = v.diagnoses ?? [];
   return h("tr", { "data-testid": "variant-row", "data-job-id": v.job_id, "data-state": v.state },
@@ -68,6 +81,7 @@ function variantRow(v) {
     h("td", { class: "num" }, v.skipped_steps ?? "–"),
     h("td", { class: "num" }, fmtPercent(v.peak_zero_grad_fraction)),
     h("td", { class: "num" }, fmtPercent(v.peak_excess_zero_fraction)),
+    underflowLayerCell(v),
     h("td", { class: "diag-cell" },
       v.error ? h("p", { class: "error" }, `${v.error.reason}: ${v.error.message}`) : null,
       diagnoses.length
@@ -90,7 +104,8 @@ export function comparisonView(root, comparisonId) {
     h("div", { class: "table-wrap" }, h("table", { class: "variants", "data-testid": "variants" },
       h("thead", {}, h("tr", {}, ["Variant", "State", "Final loss", "Gap vs float32", "Throughput (ex/s)",
         "Step time vs float32",
-        "Skipped steps", "Peak zero-grad", "Excess zeros vs float32", "Diagnoses"].map((t) => h("th", { scope: "col" }, t)))),
+        "Skipped steps", "Peak zero-grad", "Excess zeros vs float32", "First layer to lose gradients",
+        "Diagnoses"].map((t) => h("th", { scope: "col" }, t)))),
       body)),
     h("h2", {}, "Loss curves"),
     h("p", { class: "muted" }, `Mean loss per bucket of steps (up to ${CURVE_POINTS} points per variant).`),

@@ -1,7 +1,8 @@
-// #/jobs/<id>: live charts over the metrics stream, summary, diagnoses, transitions, cancel.
+// #/jobs/<id>: live charts and layer checks over the metrics stream, summary, diagnoses, transitions, cancel.
 
 import { api, followMetrics } from "./api.js";
 import { JobCharts } from "./charts.js";
+import { LayersPanel, layersHref } from "./layers.js";
 import {
   TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtRate, fmtRatioRange, fmtSpeed, fmtTime, h, lossScaleText, poll,
   progressBar, stateBadge,
@@ -45,14 +46,20 @@ export function precisionSpeedText(ps) {
     `(${fmtNumber(ps.policy_ms, 3)} ms against ${fmtNumber(ps.float32_ms, 3)} ms per step${rounds}${noise})`;
 }
 
-function diagnosesList(summary) {
+// A diagnosis that names a layer links to that layer's row in the Layers panel.
+function diagnosesList(summary, jobId, layers) {
   const diagnoses = summary?.diagnoses ?? [];
   if (!diagnoses.length) return h("p", { class: "muted", "data-testid": "diagnoses" }, "Nothing to report.");
+  const layerLink = (name) => h("p", { class: "diag-layer" }, "Layer ", h("a", {
+    href: layersHref(jobId, name), class: "mono", "data-testid": "diagnosis-layer", "data-layer": name,
+    onclick: (event) => { event.preventDefault(); layers.focusLayer(name); },
+  }, name));
   return h("ul", { class: "diagnoses", "data-testid": "diagnoses" }, diagnoses.map((d) =>
     h("li", { "data-code": d.code },
       h("strong", {}, d.code.replaceAll("_", " ")),
       d.first_step ? h("span", { class: "muted" }, ` from step ${d.first_step}`) : null,
-      h("p", {}, d.message))));
+      h("p", {}, d.message),
+      d.layer ? layerLink(d.layer) : null)));
 }
 
 function transitionsTable(transitions) {
@@ -73,7 +80,8 @@ function specLine(job) {
     job.worker ? ` · ${job.worker.device.kind ?? ""} worker ${job.worker.host}:${job.worker.pid}` : "");
 }
 
-export function jobView(root, jobId) {
+// `layersTarget`: from #/jobs/<id>/layers/<layer>, the layer to scroll to ("" for the Layers panel).
+export function jobView(root, jobId, layersTarget) {
   const path = `/jobs/${encodeURIComponent(jobId)}`;
   const controller = new AbortController();
   const header = h("div", { class: "job-header" });
@@ -81,7 +89,9 @@ export function jobView(root, jobId) {
   const chartsBox = h("div", { class: "charts", "data-testid": "charts" });
   const stream = h("span", { class: "muted", "data-testid": "stream-status" }, "loading history…");
   const page = h("article", { class: "panel job-page", "data-testid": "job-page", "data-job-id": jobId },
-    header, h("p", { class: "legend-note" }, "Red vertical lines mark skipped steps. ", stream), chartsBox, details);
+    header, h("p", { class: "legend-note" }, "Red vertical lines mark skipped steps. ", stream), chartsBox);
+  const layers = new LayersPanel(jobId, layersTarget);
+  page.append(layers.element, details);
   root.append(h("p", {}, h("a", { href: "#/jobs" }, "← Jobs")), page);
   const charts = new JobCharts(chartsBox);
   let job = null;
@@ -112,13 +122,14 @@ export function jobView(root, jobId) {
     cancelButton.disabled = TERMINAL.has(job.state);
     title.replaceChildren(job.name || job.id, " ", stateBadge(job.state));
     facts.replaceChildren(specLine(job), progressBar(job.progress));
+    layers.setJob(job);
     details.replaceChildren(h("div", {},
       job.error ? h("div", { class: "banner error", role: "alert", "data-testid": "job-error" },
         h("strong", {}, job.error.reason.replaceAll("_", " ")), ": ", job.error.message) : null,
       job.waiting_reason ? h("p", { class: "banner", "data-testid": "waiting" }, job.waiting_reason) : null,
       h("div", { class: "columns" },
         h("section", {}, h("h2", {}, "Summary"), summaryList(job.summary)),
-        h("section", {}, h("h2", {}, "Diagnoses"), diagnosesList(job.summary))),
+        h("section", {}, h("h2", {}, "Diagnoses"), diagnosesList(job.summary, jobId, layers))),
       h("section", {}, h("h2", {}, "Transitions"), transitionsTable(job.transitions))));
   };
 
@@ -147,17 +158,25 @@ export function jobView(root, jobId) {
       if (controller.signal.aborted) return; // the view was left while the job loaded
       stopPolling = poll(refresh, POLL_MS);
       const after = await loadHistory(job.progress.step);
+      await layers.load(controller.signal);
+      let connections = 0;
       const ended = await followMetrics(jobId, {
         after,
         signal: controller.signal,
-        onStatus: (s) => { stream.textContent = s === "live" ? "Live." : "Reconnecting…"; },
+        onStatus: (s) => {
+          stream.textContent = s === "live" ? "Live." : "Reconnecting…";
+          // A check written while the stream was down, or on its way as it opened, comes from the pages.
+          if (s === "live" && connections++) layers.load(controller.signal);
+        },
         onEvent: (event) => {
           if (event.event === "metrics") charts.push(JSON.parse(event.data));
+          else if (event.event === "layers") layers.add(JSON.parse(event.data), "stream");
           else if (event.event === "state" || event.event === "end") refresh().catch(() => {});
         },
       });
       if (ended === "end") {
         charts.flush();
+        await layers.load(controller.signal);
         stream.textContent = "Run ended.";
         stopPolling();
         await refresh();
@@ -171,5 +190,6 @@ export function jobView(root, jobId) {
     controller.abort();
     stopPolling();
     charts.destroy();
+    layers.destroy();
   };
 }

@@ -440,10 +440,155 @@ def test_compare_precisions_shows_the_verdict_table_and_overlaid_losses(
                       or_dash(v["examples_per_sec"], rate), speed_cell(v, dash="–"),
                       or_dash(v["skipped_steps"], str), or_dash(v["peak_zero_grad_fraction"], percent),
                       or_dash(v["peak_excess_zero_fraction"], percent)] for v in comparison["variants"]]
+    layer_cells = browser.find_elements(By.CSS_SELECTOR, '[data-testid="underflow-layer"]')
+    assert [cell.text for cell in layer_cells] == [first_layer_text(v) for v in comparison["variants"]]
     screenshot(browser, "dashboard-comparison.png")
 
     browser.get(f"{keyed_stack.base_url}/#/comparisons")
     wait_for(browser, lambda d: d.find_elements(
         By.CSS_SELECTOR, f'[data-testid="comparison-row"][data-comparison-id="{comparison_id}"]'), 10,
         "the comparison in the list")
+    assert page_errors(browser) == []
+
+
+def first_layer_text(variant: dict[str, Any]) -> str:
+    """A comparison's "First layer to lose gradients" cell as the page writes it, for a variant that ended."""
+    layer = variant["underflow_layer"]
+    return "none" if layer is None else f"{layer} at step {variant['underflow_step']}"
+
+
+def layer_checks(api: httpx.Client, job_id: str) -> list[dict[str, Any]]:
+    """Every layer check of a job, page by page."""
+    checks: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        page = api.get(f"/jobs/{job_id}/layers", params={"after": after, "limit": 100}).json()
+        checks += page["checks"]
+        if page["next_after"] is None:
+            return checks
+        after = page["next_after"]
+
+
+def heat_cells(driver: WebDriver) -> list[list[Any]]:
+    """Every heatmap cell, row by row: [layer, step, value ("" when none), level]."""
+    return list(driver.execute_script("""return [...document.querySelectorAll('[data-testid="heat-cell"]')]
+        .map((c) => [c.dataset.layer, Number(c.dataset.step), c.dataset.value, c.dataset.level]);"""))
+
+
+def drawn(cells: list[list[Any]]) -> list[tuple[str, int, float | None]]:
+    return [(layer, step, None if value == "" else float(value)) for layer, step, value, _ in cells]
+
+
+def per_cell(checks: list[dict[str, Any]], layers: list[str], field: str) -> list[tuple[str, int, float | None]]:
+    """The API's `field` for every heatmap cell: row by row (layer), then check by check."""
+    return [(name, c["step"], {layer["name"]: layer for layer in c["layers"]}[name][field])
+            for name in layers for c in checks]
+
+
+def focused_layer(driver: WebDriver) -> str | None:
+    """The layer of the row a link led to: focused and marked."""
+    layer = driver.execute_script("""const row = document.activeElement;
+        const led = row?.dataset?.testid === "layer-row" && row.classList.contains("targeted");
+        return led ? row.dataset.layer : null;""")
+    return None if layer is None else str(layer)
+
+
+TINY_UNET = {"name": "conv3d_unet", "volume": 4, "filters": 2}
+"""The seed's zero-gradient net (each output voxel's gradient 1/384³, under float16's smallest subnormal), at its
+smallest: under mixed_float16 without loss scaling its gradients underflow from the first step."""
+
+
+def test_the_layers_panel_and_the_comparison_name_the_layer_where_underflow_begins(
+    keyed_stack: Stack, api: httpx.Client, browser: WebDriver,
+) -> None:
+    # The worker is held (SIGSTOP) until the float16 job's page has loaded, empty: every layer check
+    # it then shows arrived live, as a `layers` event on the metrics stream.
+    worker = keyed_stack.workers[0].pid
+    os.killpg(worker, signal.SIGSTOP)
+    try:
+        wait_until(lambda: stopped(worker), 10, f"worker {worker} to stop", interval=0.001)
+        created = api.post("/comparisons", json={
+            "name": "dashboard layers",
+            "spec": {"model": TINY_UNET, "dataset": {"samples": 8},
+                     "training": {"steps": 3, "batch_size": 2, "optimizer": "sgd", "learning_rate": 0.1,
+                                  "underflow_check_every": 1}},
+            "variants": [{"precision_policy": "float32"}, {"precision_policy": "mixed_float16", "loss_scale": "none"}],
+        })
+        assert created.status_code == 201, created.text
+        comparison_id = created.json()["id"]
+        float32_job, half_job = (v["job_id"] for v in created.json()["variants"])
+        open_dashboard(browser, keyed_stack, f"#/jobs/{half_job}")
+        wait_for(browser, lambda d: attr(d, "layers-panel", "data-loaded") == "true"
+                 and text_of(d, "stream-status") == "Live.", 20, "the empty Layers panel, live")
+        assert text_of(browser, "layers-empty") == "No layer checks yet: the first is at step 1."
+        assert attr(browser, "job-page", "data-state") == "queued"
+    finally:
+        os.killpg(worker, signal.SIGCONT)
+
+    def finished() -> dict[str, Any] | None:
+        comparison: dict[str, Any] = api.get(f"/comparisons/{comparison_id}").json()
+        return comparison if comparison["state"] == "done" else None
+
+    comparison = wait_until(finished, 240, "the comparison to finish")
+    job = api.get(f"/jobs/{half_job}").json()
+    assert job["state"] == "succeeded", job["error"]
+    checks = layer_checks(api, half_job)
+    layers = [layer["name"] for layer in checks[-1]["layers"]]
+    assert [c["step"] for c in checks] == [1, 2, 3] and len(layers) > 5
+    underflow_layer = job["summary"]["underflow_layer"]
+    assert underflow_layer in layers and job["summary"]["underflow_step"] == 1
+
+    # One heatmap row per layer, input side first; a cell per check; each the API's value, all of them live.
+    wait_for(browser, lambda d: text_of(d, "stream-status") == "Run ended."
+             and attr(d, "layers-panel", "data-checks") == "3" and attr(d, "layers-heatmap", "data-columns") == "3",
+             30, "every layer check drawn")
+    assert attr(browser, "layers-panel", "data-streamed") == "3"
+    rows = browser.find_elements(By.CSS_SELECTOR, '[data-testid="heat-row"]')
+    assert [row.get_attribute("data-layer") for row in rows] == layers
+    excess = per_cell(checks, layers, "excess_zero_fraction")
+    assert drawn(heat_cells(browser)) == excess
+    assert any(value is None for _, _, value in excess)  # a layer with nothing to train: hatched
+    assert {level for _, _, _, level in heat_cells(browser) if level != "none"} & {"4", "5"}  # the underflow: hot
+
+    # The latest check's table flags the layer where underflow begins, the summary's own.
+    table_rows = browser.find_elements(By.CSS_SELECTOR, '[data-testid="layer-row"]')
+    assert [row.get_attribute("data-layer") for row in table_rows] == layers
+    flagged = {row.get_attribute("data-layer"): row.text for row in table_rows
+               if "underflow begins here" in (row.get_attribute("data-flags") or "")}
+    assert underflow_layer in flagged and "underflow begins here" in flagged[underflow_layer]
+    assert set(flagged) == {underflow_layer, checks[-1]["underflow_layer"]} - {None}
+
+    # A diagnosis that names a layer links to its row, on the same page.
+    named = [d for d in job["summary"]["diagnoses"] if d["layer"]]
+    assert named and underflow_layer in {d["layer"] for d in named}
+    link = browser.find_element(By.CSS_SELECTOR, f'[data-testid="diagnosis-layer"][data-layer="{underflow_layer}"]')
+    link.click()
+    wait_for(browser, lambda d: focused_layer(d) == underflow_layer, 10, "the diagnosis's layer row")
+    assert browser.current_url.endswith(f"#/jobs/{half_job}")
+
+    # Activation headroom instead: the same grid, redrawn with each layer's doublings left.
+    by_testid(browser, "layers-metric-headroom").click()
+    wait_for(browser, lambda d: attr(d, "layers-heatmap", "data-metric") == "headroom", 10, "the headroom heatmap")
+    assert drawn(heat_cells(browser)) == per_cell(checks, layers, "activation_headroom_log2")
+    assert attr(browser, "layers-legend", "data-metric") == "headroom"
+    screenshot(browser, "dashboard-layers.png")
+
+    # float32 runs no layer checks, and its page says so.
+    assert layer_checks(api, float32_job) == []
+    open_dashboard(browser, keyed_stack, f"#/jobs/{float32_job}")
+    wait_for(browser, lambda d: attr(d, "layers-panel", "data-loaded") == "true"
+             and text_of(d, "layers-empty").startswith("Layer checks run"), 20, "the float32 job's Layers panel")
+    assert text_of(browser, "layers-empty") == \
+        "Layer checks run on the float32 check's steps under float16/bfloat16; this job has none."
+
+    # The comparison names, per variant, the first layer to lose gradients, linked to that job's row.
+    variants = comparison["variants"]
+    assert [v["underflow_layer"] for v in variants] == [None, underflow_layer]
+    open_dashboard(browser, keyed_stack, f"#/comparisons/{comparison_id}")
+    wait_for(browser, lambda d: attr(d, "comparison-page", "data-state") == "done", 20, "the comparison page")
+    cells = browser.find_elements(By.CSS_SELECTOR, '[data-testid="underflow-layer"]')
+    assert [cell.text for cell in cells] == ["none", f"{underflow_layer} at step 1"]
+    cells[1].find_element(By.TAG_NAME, "a").click()
+    wait_for(browser, lambda d: focused_layer(d) == underflow_layer, 30, "the variant's layer row on its job page")
+    assert attr(browser, "job-page", "data-job-id") == half_job
     assert page_errors(browser) == []

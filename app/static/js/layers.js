@@ -97,8 +97,10 @@ export class LayersPanel {
     this.schedule();
   }
 
+  // A check is written once per step: one already held (from the other source) changes nothing.
   add(check, source) {
-    if (!this.checks.has(check.step) && source === "stream") this.streamed += 1;
+    if (this.checks.has(check.step)) return;
+    if (source === "stream") this.streamed += 1;
     this.checks.set(check.step, check);
     this.schedule();
   }
@@ -116,9 +118,9 @@ export class LayersPanel {
         if (page.next_after === null || signal?.aborted) break;
         after = page.next_after;
       }
+      if (!this.loaded || this.problem.childElementCount) this.schedule();
       this.loaded = true;
       this.problem.replaceChildren();
-      this.schedule();
     }).catch((error) => {
       if (!signal?.aborted) this.problem.replaceChildren(errorBanner(error));
     });
@@ -179,6 +181,7 @@ export class LayersPanel {
     const latest = checks.at(-1);
     const shown = sampleColumns(checks).length;
     const kinds = new Map(checks.flatMap((c) => c.layers.map((l) => [l.name, l.kind])));
+    const focused = this.body.contains(document.activeElement) ? document.activeElement.dataset.layer : undefined;
     this.body.replaceChildren(
       h("p", { class: "muted" }, `${checks.length} checks, steps ${checks[0].step}–${latest.step}`,
         shown < checks.length ? ` (${shown} evenly spaced shown)` : "", `. ${METRICS[this.metric].about}`),
@@ -188,6 +191,7 @@ export class LayersPanel {
       h("p", { class: "meta" }, `Computed in ${latest.compute_dtype}, loss scale ${fmtNumber(latest.loss_scale)}; `
         + "magnitudes as powers of two (float16's smallest subnormal is 2^-24)."),
       this.table(latest));
+    this.rows.get(focused)?.focus({ preventScroll: true }); // a live redraw keeps the row a link led to
     this.applyTarget();
   }
 

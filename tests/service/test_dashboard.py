@@ -557,6 +557,10 @@ def test_the_layers_panel_and_the_comparison_name_the_layer_where_underflow_begi
                if "underflow begins here" in (row.get_attribute("data-flags") or "")}
     assert underflow_layer in flagged and "underflow begins here" in flagged[underflow_layer]
     assert set(flagged) == {underflow_layer, checks[-1]["underflow_layer"]} - {None}
+    retried = [c for c in checks if c["recovery"]]  # the first check to name a layer retries its step
+    if retried:
+        assert text_of(browser, "layers-recovery").startswith(
+            f"At step {retried[0]['step']}, tried again at doubling loss scales, {underflow_layer}'s gradients")
 
     # A diagnosis that names a layer links to its row, on the same page.
     named = [d for d in job["summary"]["diagnoses"] if d["layer"]]

@@ -9,7 +9,8 @@ const UNDERFLOW = "underflow begins here";
 const OVERFLOW = "near overflow";
 const DIAGNOSIS_FLAGS = { layer_underflow: UNDERFLOW, activation_overflow_risk: OVERFLOW };
 const COLUMNS = ["Layer", "Kind", "Gradient values", "Zero %", "Excess zeros", "Grad norm", "Largest |g|",
-  "Smallest non-zero |g|", "Activation dtype", "Activation max", "Headroom (doublings)", "Subnormal %"];
+  "Smallest non-zero |g|", "Excess zeros reaching its output", "Activation dtype", "Activation max",
+  "Headroom (doublings)", "Subnormal %"];
 
 // The job page scrolled to one layer's row: the link a diagnosis or a comparison gives.
 export function layersHref(jobId, layer) {
@@ -43,6 +44,11 @@ function gradientCells(l) {
   ];
 }
 
+// The gradient backpropagation brings to the layer's output: where its zeros start, underflow begins.
+function signalCell(l) {
+  return h("td", { class: "num" }, l.signal_values ? fmtPercent(l.signal_excess_zero_fraction) : "–");
+}
+
 // What each named layer is flagged for: the latest check's own findings, the summary's and its diagnoses'.
 function flagsOf(latest, summary) {
   const flags = new Map();
@@ -55,8 +61,23 @@ function flagsOf(latest, summary) {
   flag(latest?.overflow_layer, OVERFLOW);
   flag(summary?.underflow_layer, UNDERFLOW);
   flag(summary?.overflow_layer, OVERFLOW);
-  for (const d of summary?.diagnoses ?? []) flag(d.layer, DIAGNOSIS_FLAGS[d.code] ?? d.code.replaceAll("_", " "));
+  for (const d of summary?.diagnoses ?? []) {
+    flag(d.layer, DIAGNOSIS_FLAGS[d.code] ?? `diagnosis: ${d.code.replaceAll("_", " ")}`);
+  }
   return flags;
+}
+
+// The first check that named an underflow layer tried its step again at doubling loss scales: what that found.
+function recoveryText(checks) {
+  const c = checks.find((check) => check.recovery);
+  if (!c) return null;
+  const at = `At step ${c.step}, tried again at doubling loss scales, ${c.underflow_layer}'s gradients`;
+  const scale = fmtNumber(c.recovery_scale);
+  if (c.recovery === "recovered") {
+    return `${at} came back at a loss scale of ${scale} (excess zeros ${fmtPercent(c.recovery_excess_zero_fraction)}).`;
+  }
+  if (c.recovery === "overflows_first") return `${at} did not come back before the step overflowed, at ${scale}.`;
+  return `${at} stayed lost up to ${scale}, the largest scale at which they fit ${c.compute_dtype}.`;
 }
 
 export class LayersPanel {
@@ -181,12 +202,14 @@ export class LayersPanel {
     const latest = checks.at(-1);
     const shown = sampleColumns(checks).length;
     const kinds = new Map(checks.flatMap((c) => c.layers.map((l) => [l.name, l.kind])));
+    const recovery = recoveryText(checks);
     const focused = this.body.contains(document.activeElement) ? document.activeElement.dataset.layer : undefined;
     this.body.replaceChildren(
       h("p", { class: "muted" }, `${checks.length} checks, steps ${checks[0].step}–${latest.step}`,
         shown < checks.length ? ` (${shown} evenly spaced shown)` : "", `. ${METRICS[this.metric].about}`),
       heatmap(checks, this.metric, kinds),
       heatLegend(this.metric),
+      recovery ? h("p", { "data-testid": "layers-recovery" }, recovery) : null,
       h("h3", {}, `Latest check: step ${latest.step}`),
       h("p", { class: "meta" }, `Computed in ${latest.compute_dtype}, loss scale ${fmtNumber(latest.loss_scale)}; `
         + "magnitudes as powers of two (float16's smallest subnormal is 2^-24)."),
@@ -208,6 +231,7 @@ export class LayersPanel {
         labels.map((label) => h("span", { class: `flag${label === OVERFLOW ? " flag-overflow" : ""}` }, label))),
       h("td", {}, l.kind),
       gradientCells(l),
+      signalCell(l),
       h("td", { class: "mono" }, l.activation_dtype ?? "–"),
       h("td", { class: "num" }, l.activation_finite === false ? "non-finite" : fmtNumber(l.activation_max)),
       h("td", { class: "num", "data-testid": "layer-headroom" }, headroomText(l)),

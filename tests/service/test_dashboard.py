@@ -485,6 +485,12 @@ def per_cell(checks: list[dict[str, Any]], layers: list[str], field: str) -> lis
             for name in layers for c in checks]
 
 
+def rows_of(driver: WebDriver, testid: str) -> list[dict[str, str]]:
+    """Rows' layer, flags and text, read in one script call: a panel redrawn live cannot go stale mid-read."""
+    return list(driver.execute_script(f"""return [...document.querySelectorAll('[data-testid="{testid}"]')]
+        .map((r) => ({{layer: r.dataset.layer, flags: r.dataset.flags ?? "", text: r.innerText}}));"""))
+
+
 def focused_layer(driver: WebDriver) -> str | None:
     """The layer of the row a link led to: focused and marked."""
     layer = driver.execute_script("""const row = document.activeElement;
@@ -540,21 +546,20 @@ def test_the_layers_panel_and_the_comparison_name_the_layer_where_underflow_begi
 
     # One heatmap row per layer, input side first; a cell per check; each the API's value, all of them live.
     wait_for(browser, lambda d: text_of(d, "stream-status") == "Run ended."
+             and attr(d, "layers-panel", "data-job-state") == "succeeded"
              and attr(d, "layers-panel", "data-checks") == "3" and attr(d, "layers-heatmap", "data-columns") == "3",
-             30, "every layer check drawn")
+             30, "every layer check drawn, and the job's end")
     assert attr(browser, "layers-panel", "data-streamed") == "3"
-    rows = browser.find_elements(By.CSS_SELECTOR, '[data-testid="heat-row"]')
-    assert [row.get_attribute("data-layer") for row in rows] == layers
+    assert [row["layer"] for row in rows_of(browser, "heat-row")] == layers
     excess = per_cell(checks, layers, "excess_zero_fraction")
     assert drawn(heat_cells(browser)) == excess
     assert any(value is None for _, _, value in excess)  # a layer with nothing to train: hatched
     assert {level for _, _, _, level in heat_cells(browser) if level != "none"} & {"4", "5"}  # the underflow: hot
 
     # The latest check's table flags the layer where underflow begins, the summary's own.
-    table_rows = browser.find_elements(By.CSS_SELECTOR, '[data-testid="layer-row"]')
-    assert [row.get_attribute("data-layer") for row in table_rows] == layers
-    flagged = {row.get_attribute("data-layer"): row.text for row in table_rows
-               if "underflow begins here" in (row.get_attribute("data-flags") or "")}
+    table_rows = rows_of(browser, "layer-row")
+    assert [row["layer"] for row in table_rows] == layers
+    flagged = {row["layer"]: row["text"] for row in table_rows if "underflow begins here" in row["flags"]}
     assert underflow_layer in flagged and "underflow begins here" in flagged[underflow_layer]
     assert set(flagged) == {underflow_layer, checks[-1]["underflow_layer"]} - {None}
     retried = [c for c in checks if c["recovery"]]  # the first check to name a layer retries its step

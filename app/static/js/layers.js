@@ -191,6 +191,7 @@ export class LayersPanel {
     this.element.dataset.checks = String(this.checks.size);
     this.element.dataset.streamed = String(this.streamed);
     this.element.dataset.loaded = String(this.loaded);
+    this.element.dataset.jobState = this.job?.state ?? ""; // the job as this drawing knows it
     this.rows = new Map();
     this.controls.hidden = !this.checks.size;
     if (!this.checks.size) {

@@ -440,8 +440,7 @@ def test_compare_precisions_shows_the_verdict_table_and_overlaid_losses(
                       or_dash(v["examples_per_sec"], rate), speed_cell(v, dash="–"),
                       or_dash(v["skipped_steps"], str), or_dash(v["peak_zero_grad_fraction"], percent),
                       or_dash(v["peak_excess_zero_fraction"], percent)] for v in comparison["variants"]]
-    layer_cells = browser.find_elements(By.CSS_SELECTOR, '[data-testid="underflow-layer"]')
-    assert [cell.text for cell in layer_cells] == [first_layer_text(v) for v in comparison["variants"]]
+    assert first_layer_cells(browser) == [first_layer_text(v) for v in comparison["variants"]]
     screenshot(browser, "dashboard-comparison.png")
 
     browser.get(f"{keyed_stack.base_url}/#/comparisons")
@@ -455,6 +454,11 @@ def first_layer_text(variant: dict[str, Any]) -> str:
     """A comparison's "First layer to lose gradients" cell as the page writes it, for a variant that ended."""
     layer = variant["underflow_layer"]
     return "none" if layer is None else f"{layer} at step {variant['underflow_step']}"
+
+
+def first_layer_cells(driver: WebDriver) -> list[str]:
+    return list(driver.execute_script(
+        """return [...document.querySelectorAll('[data-testid="underflow-layer"]')].map((c) => c.innerText);"""))
 
 
 def layer_checks(api: httpx.Client, job_id: str) -> list[dict[str, Any]]:
@@ -595,9 +599,15 @@ def test_the_layers_panel_and_the_comparison_name_the_layer_where_underflow_begi
     assert [v["underflow_layer"] for v in variants] == [None, underflow_layer]
     open_dashboard(browser, keyed_stack, f"#/comparisons/{comparison_id}")
     wait_for(browser, lambda d: attr(d, "comparison-page", "data-state") == "done", 20, "the comparison page")
-    cells = browser.find_elements(By.CSS_SELECTOR, '[data-testid="underflow-layer"]')
-    assert [cell.text for cell in cells] == ["none", f"{underflow_layer} at step 1"]
-    cells[1].find_element(By.TAG_NAME, "a").click()
-    wait_for(browser, lambda d: focused_layer(d) == underflow_layer, 30, "the variant's layer row on its job page")
+    assert first_layer_cells(browser) == ["none", f"{underflow_layer} at step 1"]
+
+    def followed(driver: WebDriver) -> bool:
+        if "#/comparisons/" in driver.current_url:  # a link found before a redraw is stale: find it again
+            link = f'[data-job-id="{half_job}"] [data-testid="underflow-layer"] a'
+            driver.find_element(By.CSS_SELECTOR, link).click()
+        return focused_layer(driver) == underflow_layer
+
+    wait_for(browser, followed, 30, "the variant's layer row on its job page")
+    assert browser.current_url.endswith(f"#/jobs/{half_job}/layers/{underflow_layer}")
     assert attr(browser, "job-page", "data-job-id") == half_job
     assert page_errors(browser) == []

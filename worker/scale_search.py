@@ -21,6 +21,9 @@ from worker.layer_numerics import LARGEST, LayerGroup, StepArrays, measure, scal
 
 MAX_TRIED_SCALE = 2.0**40
 """No recovery scale above this is tried: larger than any scale used in practice."""
+RECOVERED_REL_ERROR = 0.1
+"""A layer's gradients count as recovered when none is lost and they are within this of float32's (relative
+L2): a gradient that survives as float16's smallest subnormal is not zero, but it is off by up to half."""
 
 
 def power_of_two(value: float, up: bool) -> float:
@@ -44,18 +47,21 @@ def layer_recovery(check: LayerCheck, group: LayerGroup, arrays: StepArrays, dty
                    policy_at: Callable[[float], tuple[list[np.ndarray], Any, list[Any]]]) -> LayerCheck:
     """`check` with its `recovery`: from which doubled scale does the underflow layer keep its gradients?"""
     assert arrays.reference is not None
-    tried, excess = check.loss_scale, None
+    tried, found = check.loss_scale, None
     for tried in doublings(check.loss_scale, largest_scale(arrays.reference, dtype)):
         policy, _, signals = policy_at(tried)
         if not all(bool(np.isfinite(p).all()) for p in policy):
             return check.model_copy(update={"recovery": "overflows_first", "recovery_scale": tried})
-        (layer,) = measure([group], replace(arrays, policy=policy, stats=(), signals=signals))
-        excess = layer.excess_zero_fraction
-        if underflow_layer([layer]) is None:
+        (found,) = measure([group], replace(arrays, policy=policy, stats=(), signals=signals))
+        error = found.grad_rel_error
+        if underflow_layer([found]) is None and (error is None or error <= RECOVERED_REL_ERROR):
             return check.model_copy(update={"recovery": "recovered", "recovery_scale": tried,
-                                            "recovery_excess_zero_fraction": excess})
-    return check.model_copy(update={"recovery": "not_by_scaling", "recovery_scale": tried,
-                                    "recovery_excess_zero_fraction": excess})
+                                            "recovery_excess_zero_fraction": found.excess_zero_fraction,
+                                            "recovery_grad_rel_error": error})
+    return check.model_copy(update={
+        "recovery": "not_by_scaling", "recovery_scale": tried,
+        "recovery_excess_zero_fraction": None if found is None else found.excess_zero_fraction,
+        "recovery_grad_rel_error": None if found is None else found.grad_rel_error})
 
 
 def how_to_scale(mode: str, scale: float) -> str:

@@ -176,11 +176,14 @@ class Training:
         self.builder = SummaryBuilder(context, summary_state)
         self.writer = checkpoint.CheckpointWriter(out)
         self.check: Float32Check | None = None
-        if policy.compute_dtype != "float32" and t.underflow_check_every > 0:
+        half = policy.compute_dtype != "float32"
+        every = t.underflow_check_every if half else 0
+        layer_every = t.layer_check_every if t.layer_check_every is not None else every
+        if every > 0 or layer_every > 0:
             twin_spec = spec.model_copy(update={"precision_policy": PrecisionPolicy.FLOAT32})
             self.check = Float32Check(
                 build_twin=lambda: build_model(twin_spec, on_cpu_tf=on_cpu_tf).model, loss=compiled_loss(built.loss),
-                every=t.underflow_check_every, start_step=self.start, batch_size=t.batch_size,
+                every=every, layer_every=layer_every, start_step=self.start, batch_size=t.batch_size,
                 compute_dtype=policy.compute_dtype, mode=optimizer.mode,
                 need_advice=lambda: self.builder.underflow_advice is None, on_error=self.builder.set_check_error,
             )
@@ -188,6 +191,7 @@ class Training:
             reporter=reporter, summary=self.builder, start_step=self.start, batch_size=t.batch_size,
             learning_rate=t.learning_rate, report_interval_s=settings.report_interval_s,
             report_max_records=settings.report_max_records, checks=None if self.check is None else self.check.results,
+            layer_checks=None if self.check is None else self.check.layer_results,
         )
         self.divergence = DivergenceGuard(self.recorder, self.builder)
         self.stop = StopControl(should_stop, t.max_seconds)

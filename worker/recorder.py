@@ -18,7 +18,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from app.core.records import StepRecord
+from app.core.records import LayerCheck, StepRecord
 from worker.float32_check import CheckResult
 from worker.optimizer import TelemetryOptimizer
 from worker.step_vector import Telemetry
@@ -70,6 +70,7 @@ class StepRecorder(keras.callbacks.Callback):
         report_interval_s: float,
         report_max_records: int,
         checks: dict[int, CheckResult] | None = None,
+        layer_checks: dict[int, LayerCheck] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__()
@@ -80,6 +81,8 @@ class StepRecorder(keras.callbacks.Callback):
         self.clock = clock
         self.checks: dict[int, CheckResult] = checks if checks is not None else {}
         """The float32 checks' results by step (worker.float32_check), read when records are built."""
+        self.layer_checks: dict[int, LayerCheck] = layer_checks if layer_checks is not None else {}
+        """The layer checks by step (worker.layer_numerics), reported with the batch that holds their step."""
         self.pending: list[RawStep] = []
         self.pending_since = 0.0
         self.latest: RawStep | None = None
@@ -158,6 +161,12 @@ class StepRecorder(keras.callbacks.Callback):
         with `final` when the run has ended (after its speed check, if any).
         """
         if self.pending:
+            last = self.pending[-1].step
+            layers = [self.layer_checks.pop(step) for step in sorted(self.layer_checks) if step <= last]
+            for check in layers:
+                self.builder.add_layer_check(check)
+            if layers:
+                self.reporter.layers(layers)
             self.reporter.steps(self._records())
         elif not final:
             return

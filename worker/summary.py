@@ -11,12 +11,26 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.core.records import Diagnosis, DiagnosisCode, PrecisionSpeed, StepRecord, Summary, VariantSpeed
+from app.core.records import (
+    Diagnosis,
+    DiagnosisCode,
+    LayerCheck,
+    PrecisionSpeed,
+    StepRecord,
+    Summary,
+    VariantSpeed,
+)
 from app.core.spec import LossScaleMode
-from worker.float32_check import CheckResult, floor_percent
+from worker.float32_check import CheckResult
+from worker.layer_diagnoses import overflow_words, underflow_words
+from worker.layer_numerics import floor_percent
 
 FINAL_LOSS_WINDOW = 10
 """`final_loss` averages this many last steps, so one batch cannot decide it."""
+
+
+def _finding(saved: Any) -> tuple[int, str, str] | None:
+    return (int(saved[0]), str(saved[1]), str(saved[2])) if saved else None
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,10 @@ class SummaryBuilder:
         """Measured at the end of a run (worker.speed), never carried across a resume."""
         self.variant_speeds: list[VariantSpeed] = []
         """A comparison baseline's measurement of the other variants, at the end of its run."""
+        self.layer_checks: int = s.get("layer_checks", 0)
+        self.underflow_layer: tuple[int, str, str] | None = _finding(s.get("underflow_layer"))
+        """(step, layer, message) of the first layer check that found where underflow begins."""
+        self.overflow_layer: tuple[int, str, str] | None = _finding(s.get("overflow_layer"))
         diverged = s.get("diverged")
         self.diverged: tuple[int, str] | None = (int(diverged[0]), str(diverged[1])) if diverged else None
 
@@ -81,6 +99,9 @@ class SummaryBuilder:
             "timed_examples": self.timed_examples,
             "timed_seconds": self.timed_seconds,
             "diverged": list(self.diverged) if self.diverged else None,
+            "layer_checks": self.layer_checks,
+            "underflow_layer": list(self.underflow_layer) if self.underflow_layer else None,
+            "overflow_layer": list(self.overflow_layer) if self.overflow_layer else None,
         }
 
     def set_speed(self, speed: PrecisionSpeed, slow_precision_message: str | None) -> None:
@@ -121,6 +142,14 @@ class SummaryBuilder:
             self.worst_variable = (c.worst_variable, c.worst_share)
         self.underflow_advice = self.underflow_advice or c.advice
 
+    def add_layer_check(self, check: LayerCheck) -> None:
+        """Fold in one layer check (worker.layer_numerics): the first that names a layer is the diagnosis's."""
+        self.layer_checks += 1
+        if check.underflow_layer is not None and self.underflow_layer is None:
+            self.underflow_layer = (check.step, check.underflow_layer, underflow_words(check, self.context.policy))
+        if check.overflow_layer is not None and self.overflow_layer is None:
+            self.overflow_layer = (check.step, check.overflow_layer, overflow_words(check))
+
     def set_check_error(self, message: str) -> None:
         self.check_error = message
 
@@ -140,6 +169,7 @@ class SummaryBuilder:
             out.append(Diagnosis(
                 code=DiagnosisCode.GRADIENT_UNDERFLOW,
                 first_step=self.first_underflow,
+                layer=self.underflow_layer[1] if self.underflow_layer else None,
                 message=(
                     f"On {self.underflow_checks} of {self.float32_checks} checked steps, gradient values that "
                     f"are not zero in float32 came out exactly zero under {c.policy} (at most "
@@ -148,6 +178,10 @@ class SummaryBuilder:
                     + (self.underflow_advice or "")
                 ).strip(),
             ))
+        for code, finding in ((DiagnosisCode.LAYER_UNDERFLOW, self.underflow_layer),
+                              (DiagnosisCode.ACTIVATION_OVERFLOW_RISK, self.overflow_layer)):
+            if finding is not None:
+                out.append(Diagnosis(code=code, first_step=finding[0], layer=finding[1], message=finding[2]))
         if self.skipped_steps:
             out.append(Diagnosis(
                 code=DiagnosisCode.OVERFLOW_SKIPS,
@@ -209,5 +243,10 @@ class SummaryBuilder:
             mean_examples_per_sec=(self.timed_examples / self.timed_seconds) if self.timed_seconds > 0 else None,
             precision_speed=self.precision_speed,
             variant_speeds=self.variant_speeds,
+            layer_checks=self.layer_checks,
+            underflow_layer=self.underflow_layer[1] if self.underflow_layer else None,
+            underflow_step=self.underflow_layer[0] if self.underflow_layer else None,
+            overflow_layer=self.overflow_layer[1] if self.overflow_layer else None,
+            overflow_step=self.overflow_layer[0] if self.overflow_layer else None,
             diagnoses=self.diagnoses(),
         )

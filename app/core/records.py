@@ -96,6 +96,13 @@ class LayerNumerics(Strict):
     """log2 of its smallest non-zero |g|."""
     lost_min_log2: float | None = None
     """log2 of the smallest float32 |g| among the values the policy lost (null: none lost)."""
+    signal_values: int = 0
+    """Values of the gradient that backpropagation brings to its output (0: not measured)."""
+    signal_zero_fraction: float | None = None
+    """Share of the gradient reaching its output that is exactly zero."""
+    signal_excess_zero_fraction: float | None = None
+    """Share of the gradient reaching its output that is zero under the policy but not in float32: where this
+    starts, underflow begins, and every layer nearer the input inherits it."""
     activation_dtype: str | None = None
     """The dtype of its output (null: its output could not be read, e.g. a layer called twice)."""
     activation_finite: bool = True
@@ -119,10 +126,19 @@ class LayerCheck(Strict):
     """The loss scale in force at the step (the gradients are unscaled by it)."""
     layers: list[LayerNumerics]
     underflow_layer: str | None = None
-    """The layer where gradient underflow begins at this step: the flagged layer nearest the output
-    (backpropagation reaches it first). Null: none flagged."""
+    """The layer where gradient underflow begins at this step: the layer nearest the output (backpropagation
+    reaches it first) where the gradient reaching its output loses values to zero, or else, where its weights'
+    gradient does. Null: none flagged."""
     overflow_layer: str | None = None
     """The first layer, from the input, whose activations are within two doublings of overflow (or overflowed)."""
+    recovery: Literal["recovered", "overflows_first", "not_by_scaling"] | None = None
+    """On the first check that names an underflow layer, the same step tried again at doubling loss scales:
+    "recovered" at `recovery_scale`, the smallest that keeps that layer's gradients; "overflows_first": the
+    step's gradients overflow at `recovery_scale` before the layer's come back; "not_by_scaling": up to
+    `recovery_scale`, the largest at which they fit the dtype, the layer's stay lost. Null: not tried."""
+    recovery_scale: float | None = None
+    recovery_excess_zero_fraction: float | None = None
+    """The underflow layer's excess zeros at `recovery_scale`."""
     time: float
     """Unix time of the check."""
 

@@ -171,6 +171,13 @@ def _layer_row(layer: dict[str, Any], check: dict[str, Any]) -> list[str]:
             activation("activation_subnormal_fraction", percent), ", ".join(marks)]
 
 
+RECOVERY = {
+    "recovered": "the same step at loss scale {scale} keeps the gradients of {layer} ({excess} excess zeros left)",
+    "overflows_first": "no loss scale keeps them: at {scale} the step's gradients overflow before those of {layer} "
+                       "come back",
+    "not_by_scaling": "a larger loss scale does not bring the gradients of {layer} back (tried up to {scale})",
+}
+"""What the same step, tried again at doubling loss scales, found (LayerCheck.recovery)."""
 LAYER_HEADER = ["LAYER", "KIND", "ZERO GRADS", "EXCESS ZEROS", "GRAD NORM", "MAX |G|", "MIN |G|", "ACT MAX",
                 "HEADROOM (DOUBLINGS)", "SUBNORMAL ACT", ""]
 
@@ -188,6 +195,10 @@ def layers_report(job_id: str, check: dict[str, Any], checks: int) -> str:
     if check.get("underflow_layer"):
         lines.append(f"gradient underflow begins at {check['underflow_layer']}: the layer nearest the output "
                      "that loses gradient values float32 keeps (backpropagation reaches it first)")
+    recovery, at = check.get("recovery"), check.get("recovery_scale")
+    if recovery and at is not None:
+        lines.append(RECOVERY[recovery].format(layer=check["underflow_layer"], scale=scale_num(at), excess=_or_dash(
+            check.get("recovery_excess_zero_fraction"), percent)))
     if check.get("overflow_layer"):
         lines.append(f"activations near overflow from {check['overflow_layer']}: within two doublings of their "
                      "dtype's largest value")

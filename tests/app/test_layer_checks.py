@@ -16,6 +16,7 @@ def check(step: int, underflow: str | None = "conv3d_1") -> LayerCheck:
     """Two layers: one that trains (its gradient half lost at this step) and one with nothing to train."""
     conv = LayerNumerics(name="conv3d_1", kind="Conv3D", values=432, zero_fraction=0.5, excess_zero_fraction=0.5,
                          grad_norm=2.0**-20, grad_max_log2=-21.0, grad_min_log2=-24.0, lost_min_log2=-30.5,
+                         grad_rel_error=0.75,
                          signal_values=1728, signal_zero_fraction=0.25, signal_excess_zero_fraction=0.25,
                          activation_dtype="float16", activation_max=3.5, activation_headroom_log2=14.1,
                          activation_subnormal_fraction=0.25, activation_zero_fraction=0.125)

@@ -78,7 +78,7 @@ def test_a_layer_check_is_one_scalar_per_layer_and_numeric_field_at_its_step(tmp
     layer_tags = {t for t in events.Tags()["scalars"] if t.startswith("layers/")}
     conv, pool = check(1).layers
     assert LAYER_FIELDS == ("values", "zero_fraction", "excess_zero_fraction", "grad_norm", "grad_max_log2",
-                            "grad_min_log2", "lost_min_log2", "signal_values", "signal_zero_fraction",
+                            "grad_min_log2", "lost_min_log2", "grad_rel_error", "signal_values", "signal_zero_fraction",
                             "signal_excess_zero_fraction", "activation_max", "activation_headroom_log2",
                             "activation_subnormal_fraction", "activation_zero_fraction")
     # The pooling layer trains nothing: its null gradient fields are left out, not written as NaN.

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.auth import parse_api_keys
 from app.api.limits import BodySizeLimit
-from app.api.routes import comparisons, dashboard, health, jobs, metrics, prometheus
+from app.api.routes import comparisons, dashboard, health, jobs, layers, metrics, prometheus
 from app.api.services import LiveWorkers
 from app.core.config import Settings, get_settings
 from app.core.errors import IdempotencyConflict, JobNotFound, MpjobsError, ServiceUnavailable, Unauthorized
@@ -70,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(metrics.router)
+    app.include_router(layers.router)
     app.include_router(comparisons.router)
     app.include_router(prometheus.router)
     app.include_router(dashboard.router)

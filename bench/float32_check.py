@@ -1,5 +1,7 @@
 """The float32 check's cost: the engine with the check at its default interval against the same
-engine with the check off (`training.underflow_check_every=0`).
+engine with the check off (`training.underflow_check_every=0`); and the layer checks' cost (per-layer
+numerics, worker/layer_numerics.py, riding on the float32 check's steps by default): the engine with
+both against the same engine with the layer checks off (`training.layer_check_every=0`).
 
 Both sides are `worker.engine.Training`, the object `run_job` drives, on the same spec and batches;
 they take turns piece by piece as in `bench.engine_overhead` (order alternating, the ratio the
@@ -35,10 +37,13 @@ STEPS = 600
 REPEATS = 5
 
 
-def spec(steps: int, every: int) -> JobSpec:
+def spec(steps: int, every: int, layer_every: int | None = 0) -> JobSpec:
+    """The benchmark's job: the float32 check every `every` steps, layer checks every `layer_every`
+    (None: on the float32 check's steps, the default)."""
     return JobSpec.model_validate({
         "model": MODEL, "precision_policy": POLICY,
-        "training": {"steps": steps, "batch_size": 32, "checkpoint_every": steps, "underflow_check_every": every},
+        "training": {"steps": steps, "batch_size": 32, "checkpoint_every": steps, "underflow_check_every": every,
+                     "layer_check_every": layer_every},
         "dataset": {"samples": 4096},
     })
 
@@ -55,25 +60,32 @@ def _session_kept() -> Iterator[None]:
         keras.backend.clear_session = clear
 
 
-def pair(steps: int, repeat: int) -> tuple[list[list[float]], list[list[float]]]:
-    """Step-end times per piece of (check off, check on), taking turns on the same batches."""
+def sides(steps: int, out: Path, layers: bool) -> tuple[Engine, Engine]:
+    """(off, on): the float32 check off and on (no layer checks), or with `layers`, the check on without and
+    with the layer checks at their default interval."""
+    on = Engine(spec(steps, UNDERFLOW_CHECK_EVERY, None if layers else 0), out / "on")
+    with _session_kept():
+        off = Engine(spec(steps, UNDERFLOW_CHECK_EVERY if layers else 0), out / "off")
+    return off, on
+
+
+def pair(steps: int, repeat: int, layers: bool = False) -> tuple[list[list[float]], list[list[float]]]:
+    """Step-end times per piece of `sides` (off, on), taking turns on the same batches."""
     with tempfile.TemporaryDirectory() as out:
-        on = Engine(spec(steps, UNDERFLOW_CHECK_EVERY), Path(out) / "on")
-        with _session_kept():
-            off = Engine(spec(steps, 0), Path(out) / "off")
+        off, on = sides(steps, Path(out), layers)
         (x, y), = on.training.segments()
         take_turns(off, on, x, y, repeat)
         return off.finish(), on.finish()
 
 
-def one_check(repeats: int) -> tuple[float, float, float]:
+def one_check(repeats: int, layers: bool = False) -> tuple[float, float, float]:
     """(first check, steady check, one training step) in ms, medians over repeats, on fresh engines."""
     first: list[float] = []
     steady: list[float] = []
     step: list[float] = []
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as out:
-            engine = Engine(spec(2 * PIECES, UNDERFLOW_CHECK_EVERY), Path(out))
+            engine = Engine(spec(2 * PIECES, UNDERFLOW_CHECK_EVERY, None if layers else 0), Path(out))
             check = engine.training.check
             assert check is not None
             check.set_model(engine.training.model)
@@ -88,29 +100,41 @@ def one_check(repeats: int) -> tuple[float, float, float]:
     return statistics.median(first) * 1e3, statistics.median(steady) * 1e3, statistics.median(step) * 1e3
 
 
-def run(quick: bool = False, repeats: int | None = None) -> list[Row]:
-    steps, n = (STEPS // 3, 2) if quick else (STEPS, REPEATS)
-    n = repeats or n
+def _compare(steps: int, n: int, layers: bool) -> tuple[float, float, float, float, float]:
+    """(off ms/step, on ms/step, median piece ratio, its quartiles)."""
     off, on, ratios = [], [], []
     for repeat in range(n):
-        a, b = pair(steps, repeat)
+        a, b = pair(steps, repeat, layers)
         off.append(_per_step(a))
         on.append(_per_step(b))
         ratios += _piece_ratios(b, a)
     q1, _, q3 = statistics.quantiles(ratios, n=4)
-    ratio = statistics.median(ratios)
-    first, steady, step = one_check(n)
+    return statistics.median(off) * 1e3, statistics.median(on) * 1e3, statistics.median(ratios), q1, q3
+
+
+def run(quick: bool = False, repeats: int | None = None) -> list[Row]:
+    steps, n = (STEPS // 3, 2) if quick else (STEPS, REPEATS)
+    n = repeats or n
     label = f"mlp {POLICY} + dynamic"
-    return [
-        Row("float32 check", f"{label}, every {UNDERFLOW_CHECK_EVERY} steps (the default), {steps} steps, {n} "
-            f"repeats of {PIECES} pieces (quartiles of piece ratios {q1:.2f}–{q3:.2f})", "same engine, check off",
-            statistics.median(off) * 1e3, statistics.median(on) * 1e3, "ms/step", ratio, f"ratio <= {GOAL}",
-            ratio <= GOAL),
-        Row("float32 check", f"{label}: one check (two gradients and their comparison)", "one training step",
-            step, steady, "ms", steady / step),
-        Row("float32 check", f"{label}: the first check (twin build, two traces)", "one training step", step,
-            first, "ms", first / step),
-    ]
+    rows = []
+    for layers in (False, True):
+        off, on, ratio, q1, q3 = _compare(steps, n, layers)
+        first, steady, step = one_check(n, layers)
+        if layers:
+            name, what, baseline = "layer checks", "layer checks and the float32 check", "same engine, layer checks off"
+            one = "one float32 check with its layer check (two gradients, every layer's numbers)"
+        else:
+            name, what, baseline = "float32 check", "check", "same engine, check off"
+            one = "one check (two gradients and their comparison)"
+        rows += [
+            Row(name, f"{label}, {what} every {UNDERFLOW_CHECK_EVERY} steps (the default), {steps} steps, {n} "
+                f"repeats of {PIECES} pieces (quartiles of piece ratios {q1:.2f}–{q3:.2f})", baseline,
+                off, on, "ms/step", ratio, f"ratio <= {GOAL}", ratio <= GOAL),
+            Row(name, f"{label}: {one}", "one training step", step, steady, "ms", steady / step),
+            Row(name, f"{label}: the first check (twin build, traces)", "one training step", step,
+                first, "ms", first / step),
+        ]
+    return rows
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ not checked here: CI machines are too noisy for a 5% line on a 200-step run)."""
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -47,12 +48,24 @@ def test_float32_check_cost_sets_the_check_beside_the_same_engine_without_it() -
     from bench import float32_check
 
     rows = float32_check.run(quick=True, repeats=1)
-    assert [r.baseline for r in rows] == ["same engine, check off", "one training step", "one training step"]
+    assert [r.baseline for r in rows] == ["same engine, check off", "one training step", "one training step",
+                                          "same engine, layer checks off", "one training step", "one training step"]
+    assert [r.benchmark for r in rows] == ["float32 check"] * 3 + ["layer checks"] * 3
     for row in rows:
         assert row.baseline_value is not None and row.baseline_value > 0 and row.value > 0
         assert row.ratio is not None and row.ratio == pytest.approx(row.value / row.baseline_value, rel=0.5)
-    assert rows[0].goal == "ratio <= 1.05" and rows[0].met is (rows[0].ratio is not None and rows[0].ratio <= 1.05)
-    assert rows[2].value > rows[1].value  # the first check builds and traces
+    for first in (rows[0], rows[3]):
+        assert first.goal == "ratio <= 1.05" and first.met is (first.ratio is not None and first.ratio <= 1.05)
+    assert rows[2].value > rows[1].value and rows[5].value > rows[4].value  # the first check builds and traces
+    # The sides differ in what they say they differ in: the layer-check side records layer checks.
+    with tempfile.TemporaryDirectory() as out:
+        off, on = float32_check.sides(2, Path(out), layers=True)
+        (x, y), = on.training.segments()
+        for side in (off, on):
+            side.fit(x, y)
+            side.finish()
+        assert [len(side.reporter.layer_checks) for side in (off, on)] == [0, 1]
+        assert off.reporter.records[0].excess_zero_fraction is not None  # the float32 check ran on both
 
 
 def test_speed_check_bench_gives_the_aa_noise_and_each_variants_call() -> None:

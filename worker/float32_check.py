@@ -27,7 +27,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import keras
@@ -37,7 +37,6 @@ from keras import ops
 from app.core.records import LayerCheck
 from worker.gradients import GradientFn, current_values, gradient_fn
 from worker.layer_numerics import (
-    LARGEST,
     SMALLEST,
     LayerProbe,
     StepArrays,
@@ -46,17 +45,14 @@ from worker.layer_numerics import (
     layer_check,
     measure,
     scale_text,
-    underflow_layer,
 )
 from worker.optimizer import TelemetryOptimizer
+from worker.scale_search import doublings, how_to_scale, largest_scale, layer_recovery, power_of_two
 
 log = logging.getLogger(__name__)
 
 UNDERFLOW_EXCESS = 0.01
 """A check is flagged when this share of all gradient values is zero under the policy but not in float32,"""
-MAX_TRIED_SCALE = 2.0**40
-"""No recovery scale above this is tried: larger than any scale used in practice."""
-
 __all__ = ["UNDERFLOW_EXCESS", "CheckResult", "Float32Check", "floor_percent"]
 
 
@@ -103,10 +99,6 @@ def _compare(policy: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> _
 def _flagged(c: _Comparison) -> bool:
     return c.excess >= UNDERFLOW_EXCESS or any(
         flagged_share(count, size) for count, size in zip(c.counts, c.sizes, strict=True))
-
-
-def _power_of_two(value: float, up: bool) -> float:
-    return 2.0 ** (math.ceil(math.log2(value)) if up else math.floor(math.log2(value)))
 
 
 def _due(every: int, step: int) -> bool:
@@ -187,13 +179,25 @@ class Float32Check(keras.callbacks.Callback):
         gradient reaching each probed layer's output."""
         if self._policy_grads is None:
             if self.layer_every > 0:
-                self._probe = LayerProbe(self.model)
+                self._probe = self._start_probe()
             self._policy_grads = gradient_fn(self.model, self.loss, self._probe)
         trainable, non_trainable = current_values(self.model)
         grads, stats, signals = self._policy_grads(trainable, non_trainable, x, y,
                                                    ops.convert_to_tensor(scale, "float32"))
         return ([np.asarray(ops.convert_to_numpy(g)) for g in grads], [ops.convert_to_numpy(s) for s in stats],
                 [ops.convert_to_numpy(g) for g in signals])
+
+    def _start_probe(self) -> LayerProbe | None:
+        """The layer probe, or None with the layer checks off (said in words) when the model's layers cannot
+        be read one by one: the float32 check goes on without them."""
+        try:
+            return LayerProbe(self.model)
+        except Exception as exc:
+            log.warning("layer checks could not start; the float32 check goes on without them", exc_info=True)
+            self.layer_every = 0
+            self.on_error(f"The layer checks could not start and were turned off: {type(exc).__name__}: "
+                          f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}")
+            return None
 
     def _reference(self, x: np.ndarray, y: np.ndarray) -> tuple[list[np.ndarray], list[Any]]:
         """The float32 twin's gradient on the model's weights, as float32 NumPy arrays, and its signals."""
@@ -235,42 +239,18 @@ class Float32Check(keras.callbacks.Callback):
         self.results[step] = CheckResult(step, scale, c.excess, c.rel_error, None if worst is None else names[worst],
                                          0.0 if worst is None else c.per_tensor[worst], flagged, advice)
 
-    def _cap(self, reference: list[np.ndarray]) -> float:
-        """The largest scale tried: where the largest float32 gradient would no longer fit the dtype."""
-        peak = max((float(np.abs(r).max()) for r in reference if r.size), default=0.0)
-        return min(MAX_TRIED_SCALE, _power_of_two(LARGEST[self.compute_dtype] / peak, up=False) if peak > 0
-                   else MAX_TRIED_SCALE)
-
     def _layer_recovery(self, check: LayerCheck, x: np.ndarray, y: np.ndarray, arrays: StepArrays) -> LayerCheck:
-        """Try the step again at doubling scales: from which one does the underflow layer keep its gradients?"""
-        assert self._probe is not None and arrays.reference is not None
+        assert self._probe is not None
         group = next(g for g in self._probe.groups if g.name == check.underflow_layer)
-        tried, cap, excess = check.loss_scale, self._cap(list(arrays.reference)), None
-        while tried * 2 <= cap:
-            tried *= 2
-            policy, _, signals = self._policy(x, y, tried)
-            if not all(bool(np.isfinite(p).all()) for p in policy):
-                return check.model_copy(update={"recovery": "overflows_first", "recovery_scale": tried})
-            (layer,) = measure([group], replace(arrays, policy=policy, stats=(), signals=signals))
-            excess = layer.excess_zero_fraction
-            if underflow_layer([layer]) is None:
-                return check.model_copy(update={"recovery": "recovered", "recovery_scale": tried,
-                                                "recovery_excess_zero_fraction": excess})
-        return check.model_copy(update={"recovery": "not_by_scaling", "recovery_scale": tried,
-                                        "recovery_excess_zero_fraction": excess})
+        return layer_recovery(check, group, arrays, self.compute_dtype, lambda scale: self._policy(x, y, scale))
 
     def _advice(self, step: int, x: np.ndarray, y: np.ndarray, scale: float, c: _Comparison,
                 reference: list[np.ndarray], lost: np.ndarray) -> str:
-        """Try the step again at doubling scales: does one recover the lost values without overflow?
-
-        The smallest float32 magnitude lost against the dtype's smallest positive value says
-        about how far the gradient fell short, but the gradients flowing between layers can be
-        smaller than any weight's, so the scales are tried on the step itself: from twice the
-        scale in force up to where the largest float32 gradient would no longer fit the dtype.
-        """
+        """Try the step again at doubling scales (worker/scale_search.py): does one recover the lost values
+        without overflow?"""
         dtype = self.compute_dtype
-        cap = self._cap(reference)
-        estimate = _power_of_two(SMALLEST[dtype] / float(lost.min()), up=True)
+        cap = largest_scale(reference, dtype)
+        estimate = power_of_two(SMALLEST[dtype] / float(lost.min()), up=True)
         lost_share = floor_percent(c.excess)
         what = f"{lost_share} of gradient values were lost at loss scale {scale_text(scale)} (the smallest " + (
             f"lost float32 magnitude, {lost.min():.2g}, would need {scale_text(estimate)} to clear {dtype}'s smallest "
@@ -279,8 +259,7 @@ class Float32Check(keras.callbacks.Callback):
         keep_float32 = ("Keep the layers with the smallest gradients in float32"
                         + (", or use mixed_bfloat16, whose range is float32's." if dtype == "float16" else "."))
         after, tried = c, scale
-        while tried * 2 <= cap:
-            tried *= 2
+        for tried in doublings(scale, cap):
             policy, _, _ = self._policy(x, y, tried)
             after = _compare(policy, reference)
             if not after.finite:
@@ -289,22 +268,10 @@ class Float32Check(keras.callbacks.Callback):
             if not _flagged(after):
                 return (f"A larger scale recovers them: on step {step}, {what}; at {scale_text(tried)}, the smallest "
                         f"scale that recovered them, the same step lost only {floor_percent(after.excess)}. "
-                        + self._how(tried))
+                        + how_to_scale(self.mode, tried))
         return (
             f"A larger loss scale does not help: on step {step}, {what}, and at {scale_text(tried)} (the largest at "
             f"which its gradients fit in {dtype}) it still lost {floor_percent(after.excess)}. These values are "
             f"lost to {dtype}'s precision in the forward pass (activations that round to zero or tip a ReLU), not to "
             "gradient underflow. Run the most affected layer in float32 if they matter."
         )
-
-    def _how(self, scale: float) -> str:
-        dynamic = ("'dynamic' (it starts at 32768 and halves only on overflow)" if scale <= 32768
-                   else f"'dynamic' with initial_scale {scale_text(scale)}")
-        if self.mode == "none":
-            return (f"Turn on loss scaling: loss_scale {dynamic}, or 'fixed' with a scale of at least "
-                    f"{scale_text(scale)}.")
-        if self.mode == "fixed":
-            return f"Raise the fixed scale to at least {scale_text(scale)}, or use loss_scale {dynamic}."
-        return (f"The dynamic scale was lower than that at this step: start it at initial_scale {scale_text(scale)} "
-                "or more; if overflow keeps pulling it down, the gradients span more than float16's range, so keep "
-                "the most affected layer in float32 or use mixed_bfloat16.")

@@ -6,13 +6,13 @@
 ...     LayerNumerics(name="dense_1", kind="Dense", values=40, excess_zero_fraction=0.0,
 ...                   activation_dtype="float16", activation_max=61000.0, activation_headroom_log2=0.1)],
 ...     underflow_layer="dense", overflow_layer="dense_1", recovery="recovered", recovery_scale=1024.0,
-...     recovery_excess_zero_fraction=0.0)
+...     recovery_excess_zero_fraction=0.0, recovery_grad_rel_error=0.0012)
 >>> import textwrap
 >>> print(textwrap.fill(underflow_words(check, "mixed_float16"), 100))
 Gradient underflow begins at layer `dense` (step 1): 100% of its gradient values are zero under
 mixed_float16 but not in float32; it is the first layer with weights. A loss scale of 1024 would
 bring its smallest gradients above float16's floor (2^-24): the same step tried at 1024 lost none of
-this layer's values.
+this layer's values, and its gradient was within 0.2% of float32's.
 >>> print(textwrap.fill(overflow_words(check), 100))
 Activations of `dense_1` reach 61,000, 93.12% of float16's maximum (65,504), at step 1: one more
 doubling overflows. Keep this layer in float32 or normalise its input.
@@ -32,6 +32,11 @@ def _layer(check: LayerCheck, name: str) -> tuple[int, LayerNumerics]:
 
 def _lost(layer: LayerNumerics) -> bool:
     return weights_lost(layer) or signal_lost(layer)
+
+
+def _percent_up(share: float) -> str:
+    """A relative error as a percentage, never rounded down to 0%."""
+    return f"{math.ceil(share * 1000) / 10:g}%"
 
 
 def underflow_words(check: LayerCheck, policy: str) -> str:
@@ -62,18 +67,21 @@ def underflow_words(check: LayerCheck, policy: str) -> str:
                                            else ".")
     at, scale = check.recovery_scale, scale_text(check.recovery_scale or 1.0)
     if check.recovery == "recovered":
-        left = check.recovery_excess_zero_fraction or 0.0
+        left, error = check.recovery_excess_zero_fraction or 0.0, check.recovery_grad_rel_error
+        kept = f"lost only {floor_percent(left)} of this layer's values" if left else "lost none of this layer's values"
+        close = "" if error is None else f", and its gradient was within {_percent_up(error)} of float32's"
         return (f"{text} A loss scale of {scale} would bring its smallest gradients above {floor}: the same step "
-                f"tried at {scale} lost " + (f"only {floor_percent(left)} of this layer's values." if left else
-                                             "none of this layer's values."))
+                f"tried at {scale} {kept}{close}.")
     if check.recovery == "overflows_first":
         return (f"{text} No loss scale fits: the same step tried at doubling scales overflows {dtype} at {scale} "
                 f"before this layer's gradients come back, so {keep}")
     if check.recovery == "not_by_scaling" and at is not None:
+        error = check.recovery_grad_rel_error
+        off = "" if error is None else f", its gradient {_percent_up(error)} off float32's"
         return (f"{text} A larger loss scale does not help: tried on the same step up to {scale} (the largest at "
                 f"which its gradients fit in {dtype}), this layer still lost "
-                f"{floor_percent(check.recovery_excess_zero_fraction or 0.0)}. Its values are lost to {dtype}'s "
-                f"precision in the forward pass, not to underflow: {keep}")
+                f"{floor_percent(check.recovery_excess_zero_fraction or 0.0)} of its values{off}. They are lost "
+                f"to {dtype}'s precision in the forward pass, not to underflow: {keep}")
     if layer.lost_min_log2 is not None:
         needed = 2.0 ** math.ceil(math.log2(SMALLEST[dtype]) - layer.lost_min_log2)
         if needed > check.loss_scale:

@@ -1,9 +1,9 @@
-"""RedisReporter: step records, rollups, progress and the summary into Redis.
+"""RedisReporter: step records, layer checks, rollups, progress and the summary into Redis.
 
 Training never waits for Redis: while Redis is unreachable (a restart, a
-failover) records stay pending in memory and go out with the next batch. A
-batch that was half written before the connection dropped is safe to resend:
-a step id Redis already has is refused, and counted as written.
+failover) records and layer checks stay pending in memory and go out with the
+next batch. A batch that was half written before the connection dropped is safe
+to resend: a step id Redis already has is refused, and counted as written.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import redis
 
-from app.core.records import StepRecord, Summary
+from app.core.records import LayerCheck, StepRecord, Summary
 from app.store import JobStore
 from app.store.keys import STEP_FIELD, after, metrics_key, number_of
 from app.store.rollup import ROLLUP_STEPS, Rollup
@@ -25,13 +25,15 @@ UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
 
 
 class RedisReporter:
-    """Writes each batch of records in one pipelined round trip (XADD per step)."""
+    """Writes each batch of records, with the layer checks handed over before it, in one pipelined
+    round trip (XADD per step and per check)."""
 
     def __init__(self, store: JobStore, job_id: str) -> None:
         self.store, self.job_id = store, job_id
         self.partial = self._resume_partial()
         self.pending: list[StepRecord] = []
         self.pending_rollups: list[tuple[int, Rollup]] = []
+        self.pending_layers: list[LayerCheck] = []
         self.outage = False
         self.counted: set[str] = set()
         """Diagnosis codes already counted in the store's stats."""
@@ -62,12 +64,17 @@ class RedisReporter:
                 log.warning("redis unavailable, holding %d step records: %s", len(self.pending), exc)
             self.outage = True
 
+    def layers(self, checks: Sequence[LayerCheck]) -> None:
+        """Held until the batch of steps that follows: they go out in its round trip."""
+        self.pending_layers.extend(checks)
+
     def _send(self) -> None:
-        """Write every pending record and rollup in one round trip; raises while Redis is away."""
-        self.store.append_steps(self.job_id, self.pending, self.pending_rollups)
+        """Write every pending check, record and rollup in one round trip; raises while Redis is away."""
+        self.store.append_steps(self.job_id, self.pending, self.pending_rollups, self.pending_layers)
         if self.outage:
-            log.warning("redis is back; wrote %d held step records", len(self.pending))
-        self.pending, self.pending_rollups, self.outage = [], [], False
+            log.warning("redis is back; wrote %d held step records and %d layer checks", len(self.pending),
+                        len(self.pending_layers))
+        self.pending, self.pending_rollups, self.pending_layers, self.outage = [], [], [], False
 
     def summary(self, summary: Summary) -> None:
         codes = {d.code for d in summary.diagnoses}
@@ -80,7 +87,8 @@ class RedisReporter:
             self.outage = True  # the next summary, or the final transition, carries it
 
     def drain(self) -> None:
-        """Write the records an outage held back; the job's last steps have no next batch to ride
-        with. Raises while Redis is still unreachable, for the caller to retry."""
-        if self.pending or self.pending_rollups:
+        """Write the records and checks an outage held back (or checks no batch followed); the job's
+        last steps have no next batch to ride with. Raises while Redis is still unreachable, for the
+        caller to retry."""
+        if self.pending or self.pending_rollups or self.pending_layers:
             self._send()

@@ -4,6 +4,10 @@ Events are built and written on a thread of their own, so the training step
 never pays for protobufs or disk. Only the `tensorboard` package is needed,
 not TensorFlow: the same writer serves the TensorFlow and JAX backends.
 
+A layer check adds, at its step, one scalar per layer and numeric field, tagged
+`layers/<layer name>/<field>` (`layers/conv3d/excess_zero_fraction`); a null
+field is left out.
+
 A resumed attempt starts its file with a `SessionLog.START` at the step after
 its checkpoint; TensorBoard then drops the points the lost attempt wrote past
 that step, so each step keeps one value per tag.
@@ -17,6 +21,7 @@ import queue
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, get_args
 
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary as TbSummary
@@ -25,7 +30,7 @@ from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.types_pb2 import DT_STRING
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from app.core.records import StepRecord, Summary
+from app.core.records import LayerCheck, LayerNumerics, StepRecord, Summary
 
 log = logging.getLogger("mpjobs.worker")
 
@@ -34,6 +39,16 @@ LOGDIR = "tensorboard"
 TAGS = ("loss", "loss_scale", "grad_norm", "zero_grad_fraction", "examples_per_sec", "skipped")
 SOMETIMES = ("regularization_loss", "excess_zero_fraction", "grad_rel_error")
 """Tags of the values only some steps have (penalties; the float32 check's steps): written when present."""
+
+
+def _is_number(annotation: Any) -> bool:
+    """int or float, or either or None; a bool is a flag, a str a name: neither is a scalar."""
+    return set(get_args(annotation) or (annotation,)) - {type(None)} <= {int, float}
+
+
+LAYER_FIELDS = tuple(name for name, field in LayerNumerics.model_fields.items() if _is_number(field.annotation))
+"""The numeric fields of a layer's numerics, each one tag per layer."""
+LAYERS_TAG = "layers"
 FLUSH_SECS = 2
 
 
@@ -49,6 +64,12 @@ def step_event(record: StepRecord) -> Event:
     return Event(wall_time=record.time, step=record.step, summary=TbSummary(value=values))
 
 
+def layers_event(check: LayerCheck) -> Event:
+    values = [TbSummary.Value(tag=f"{LAYERS_TAG}/{layer.name}/{field}", simple_value=float(value))
+              for layer in check.layers for field in LAYER_FIELDS if (value := getattr(layer, field)) is not None]
+    return Event(wall_time=check.time, step=check.step, summary=TbSummary(value=values))
+
+
 def text_event(tag: str, text: str) -> Event:
     """A Markdown note in TensorBoard's Text tab, at step 0."""
     value = TbSummary.Value(
@@ -59,7 +80,8 @@ def text_event(tag: str, text: str) -> Event:
 
 
 class TensorBoardReporter:
-    """A Reporter: each step record becomes one event holding every tag's scalar.
+    """A Reporter: each step record becomes one event holding every tag's scalar, each layer check one
+    holding every layer's.
 
     `description` (the job's name, precision and loss scaling) goes in the Text tab, so runs
     named by job id can still be told apart, a comparison's variants among them.
@@ -69,7 +91,7 @@ class TensorBoardReporter:
         self.logdir = logdir
         self.failures = 0
         """Batches whose events could not be written: the first is logged with its error, the rest counted."""
-        self._queue: queue.SimpleQueue[Sequence[StepRecord] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Sequence[StepRecord | LayerCheck] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._write, name="tensorboard-writer", daemon=True)
         self._writer: EventFileWriter | None = None
         try:
@@ -87,10 +109,10 @@ class TensorBoardReporter:
 
     def _write(self) -> None:
         assert self._writer is not None
-        while (records := self._queue.get()) is not None:
+        while (items := self._queue.get()) is not None:
             try:
-                for record in records:
-                    self._writer.add_event(step_event(record))
+                for item in items:
+                    self._writer.add_event(step_event(item) if isinstance(item, StepRecord) else layers_event(item))
             except Exception:  # a full disk must not fail training; the metrics are also in Redis
                 self.failures += 1
                 if self.failures == 1:  # once: a full disk would fail every batch from here on
@@ -99,6 +121,10 @@ class TensorBoardReporter:
     def steps(self, records: Sequence[StepRecord]) -> None:
         if self._writer is not None:
             self._queue.put(list(records))
+
+    def layers(self, checks: Sequence[LayerCheck]) -> None:
+        if self._writer is not None:
+            self._queue.put(list(checks))
 
     def summary(self, summary: Summary) -> None:
         """The summary is in the job record; TensorBoard gets the per-step scalars."""

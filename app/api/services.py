@@ -13,13 +13,13 @@ from app.api import reports
 from app.api.resources import Comparison, ComparisonPage, Health, JobPage
 from app.core.config import MODEL_ARTIFACT, Settings
 from app.core.errors import ArtifactNotFound, ComparisonNotFound, IdempotencyConflict, JobNotFound, ServiceUnavailable
-from app.core.job import Job, JobState, MetricsPage
+from app.core.job import Job, JobState, LayersPage, MetricsPage
 from app.core.spec import ComparisonSpec, JobSpec
 from app.store import VIEW_TTL_S, ComparisonRecord, JobStore
 from app.store import queue as queues
 
 MAX_PAGE = 10_000
-"""Most step records one metrics page returns."""
+"""Most step records one metrics page returns, and most layer checks one layers page returns."""
 
 
 IDEMPOTENT_WAIT_S = 5.0
@@ -121,6 +121,11 @@ def metrics(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -
         if job.summary.steps_done > last:
             page.missing_steps.append((last + 1, job.summary.steps_done))
     return page
+
+
+def layers(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> LayersPage:
+    get(store, job_id, tenant)
+    return store.read_layers(job_id, after, min(limit, MAX_PAGE))
 
 
 CACHED_VIEW_SIZES = frozenset({500, 1000})

@@ -1,14 +1,24 @@
-"""The SSE stream of one job: its step records and state changes, resumable by step."""
+"""The SSE stream of one job: its step records, layer checks and state changes, resumable by step."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from redis.asyncio import Redis
 
 from app.core.job import JobState
-from app.store.keys import STEP_FIELD, entry_id, events_key, job_key, metrics_key, number_of
+from app.store.keys import (
+    LAYERS_FIELD,
+    STEP_FIELD,
+    entry_id,
+    events_key,
+    job_key,
+    layers_key,
+    metrics_key,
+    number_of,
+)
 
 BLOCK_MS = 1000
 """Longest one XREAD waits; also how often a silent stream checks for a disconnect."""
@@ -23,20 +33,43 @@ def _event(kind: str, data: str, event_id: str | None = None) -> str:
 async def stream_job(
     redis: Redis, job_id: str, after_step: int, disconnected: Callable[[], Awaitable[bool]]
 ) -> AsyncIterator[str]:
-    cursors = {metrics_key(job_id): entry_id(after_step), events_key(job_id): entry_id(0)}
+    """`metrics` (id = step), `layers` (no id) and `state` events, then `end` once the job is terminal.
+
+    A layer check at step s is sent just before the `metrics` event of step s, never after it: the store
+    writes a batch's checks before its steps, and checks read ahead of the steps wait here. So a client
+    that resumes after the last step it saw (`Last-Event-ID`) has every check up to that step already,
+    and gets the rest from after it.
+    """
+    metrics, layers, events = metrics_key(job_id), layers_key(job_id), events_key(job_id)
+    cursors = {layers: entry_id(after_step), metrics: entry_id(after_step), events: entry_id(0)}
+    held: list[tuple[int, str]] = []
+    """Layer checks read but not sent yet: (step, LayerCheck JSON), in step order."""
     terminal = False
     while not await disconnected():
-        found = await redis.xread(cursors, count=BATCH, block=None if terminal else BLOCK_MS)
-        for stream, entries in found or []:
-            for stream_id, fields in entries:
-                cursors[stream] = stream_id
-                if stream == metrics_key(job_id):
-                    yield _event("metrics", fields[STEP_FIELD], str(number_of(stream_id)))
-                else:
-                    terminal = terminal or JobState(fields["state"]).terminal
-                    yield _event("state", json.dumps(fields))
+        reply: Any = await redis.xread(cursors, count=BATCH, block=None if terminal else BLOCK_MS)
+        found: dict[str, list[tuple[str, dict[str, str]]]] = dict(reply or [])
+        for stream_id, fields in found.get(layers, []):
+            cursors[layers] = stream_id
+            held.append((number_of(stream_id), fields[LAYERS_FIELD]))
+        # A full batch of checks: more may lie past the last one read.
+        checks_read_to = number_of(cursors[layers]) if len(found.get(layers, [])) == BATCH else None
+        for stream_id, fields in found.get(metrics, []):
+            step = number_of(stream_id)
+            if checks_read_to is not None and step > checks_read_to:
+                break  # the next read brings the checks up to this step, then the step again
+            while held and held[0][0] <= step:
+                yield _event("layers", held.pop(0)[1])
+            cursors[metrics] = stream_id
+            yield _event("metrics", fields[STEP_FIELD], str(step))
+        for stream_id, fields in found.get(events, []):
+            cursors[events] = stream_id
+            terminal = terminal or JobState(fields["state"]).terminal
+            yield _event("state", json.dumps(fields))
         if terminal and not found:
-            # The job ended and every step written before that has been sent.
+            # The job ended and every step written before that has been sent; then any check left
+            # without a step after it (its step lost to a Redis crash).
+            for _, check in held:
+                yield _event("layers", check)
             state = await redis.hget(job_key(job_id), "state")
             yield _event("end", json.dumps({"state": state}))
             return

@@ -8,18 +8,23 @@ import csv
 import json
 import sys
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 from app.cli.api import Api
 from app.cli.errors import CliError, Exit, exit_for
 from app.cli.spec import build_spec, file_spec
 from app.cli.watch import POLL_INTERVAL_S, watch, watch_comparison
-from app.cli.words import comparison_report, spec_words, summary_lines, table
+from app.cli.words import comparison_report, layers_report, spec_words, summary_lines, table
 from app.core.job import JobState
-from app.core.records import StepRecord
+from app.core.records import LayerNumerics, StepRecord
 
 PAGE_LIMIT = 10_000
 """Steps per metrics request: the API's own cap."""
+LAYERS_PAGE_LIMIT = 100
+"""Layer checks per request: each holds every layer's numerics, so a page of them is far larger than a step's."""
+LAYER_CSV_FIELDS = ["step", "compute_dtype", "loss_scale", *LayerNumerics.model_fields]
+"""One CSV row per (step, layer): the check's step, compute dtype and loss scale, then the layer's numerics."""
 SCALED = 1
 """Where the default variants' scaled mixed_float16 variant is: the one a fixed or dynamic loss scale sets."""
 
@@ -73,9 +78,18 @@ def cmd_watch(api: Api, args: argparse.Namespace) -> int:
     return watch(api, args.job_id, args.interval)
 
 
+def _cell(value: Any) -> Any:
+    """A CSV cell: booleans as true/false, null (a non-finite value in the API) as an empty cell."""
+    return "" if value is None else str(value).lower() if isinstance(value, bool) else value
+
+
+def _output(args: argparse.Namespace) -> contextlib.AbstractContextManager[TextIO]:
+    return open(args.output, "w", newline="") if args.output else contextlib.nullcontext(sys.stdout)
+
+
 def cmd_metrics(api: Api, args: argparse.Namespace) -> int:
     fields = list(StepRecord.model_fields)
-    with open(args.output, "w", newline="") if args.output else contextlib.nullcontext(sys.stdout) as out:
+    with _output(args) as out:
         writer = csv.DictWriter(out, fields, extrasaction="ignore", lineterminator="\n")
         if args.csv:
             writer.writeheader()
@@ -86,11 +100,38 @@ def cmd_metrics(api: Api, args: argparse.Namespace) -> int:
                 print(f"warning: steps {first}-{last} are missing (lost on the server)", file=sys.stderr)
             for point in page["points"]:
                 if args.csv:
-                    writer.writerow({k: ("" if v is None else str(v).lower() if isinstance(v, bool) else v)
-                                     for k, v in point.items()})
+                    writer.writerow({k: _cell(v) for k, v in point.items()})
                 else:
                     out.write(json.dumps(point) + "\n")
             after = page["next_after"]
+    return Exit.OK
+
+
+def layer_checks(api: Api, job_id: str) -> Iterator[dict[str, Any]]:
+    """Every layer check of the job, in step order, page by page."""
+    after: int | None = 0
+    while after is not None:
+        page = api.call("GET", f"/jobs/{job_id}/layers", params={"after": after, "limit": LAYERS_PAGE_LIMIT})
+        yield from page["checks"]
+        after = page["next_after"]
+
+
+def cmd_layers(api: Api, args: argparse.Namespace) -> int:
+    if args.csv:
+        with _output(args) as out:
+            writer = csv.DictWriter(out, LAYER_CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+            writer.writeheader()
+            for check in layer_checks(api, args.job_id):
+                at = {"step": check["step"], "compute_dtype": check["compute_dtype"], "loss_scale": check["loss_scale"]}
+                writer.writerows({k: _cell(v) for k, v in {**layer, **at}.items()} for layer in check["layers"])
+        return Exit.OK
+    latest, count = None, 0
+    for check in layer_checks(api, args.job_id):  # one page at a time: only the last check is kept
+        latest, count = check, count + 1
+    with _output(args) as out:
+        out.write((layers_report(args.job_id, latest, count) if latest else
+                   f"job {args.job_id}: no layer checks yet (under float32 there are none unless "
+                   "training.layer_check_every is set)") + "\n")
     return Exit.OK
 
 

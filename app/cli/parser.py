@@ -6,7 +6,16 @@ import argparse
 import os
 from typing import Any
 
-from app.cli.commands import cmd_cancel, cmd_compare, cmd_list, cmd_metrics, cmd_show, cmd_submit, cmd_watch
+from app.cli.commands import (
+    cmd_cancel,
+    cmd_compare,
+    cmd_layers,
+    cmd_list,
+    cmd_metrics,
+    cmd_show,
+    cmd_submit,
+    cmd_watch,
+)
 from app.cli.spec import variant
 from app.core.job import JobState
 from app.core.spec import LossScaleMode, PrecisionPolicy
@@ -115,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("metrics", cmd_metrics, "every step record: JSON lines, or CSV with --csv")
     p.add_argument("job_id", metavar="ID")
     p.add_argument("--csv", action="store_true", help="CSV with a header row of the step record's fields")
+    p.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
+    p = command("layers", cmd_layers, "every layer's gradient and activation numerics at the latest layer check, "
+                "marking where underflow begins; every check as CSV with --csv")
+    p.add_argument("job_id", metavar="ID")
+    p.add_argument("--csv", action="store_true", help="every check, one row per step and layer, with a header row")
     p.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
     p = command("cancel", cmd_cancel, "cancel a queued or running job", ())
     p.add_argument("job_id", metavar="ID")

@@ -1,4 +1,4 @@
-"""Jobs, summaries, tables and comparison reports in plain words, for a terminal."""
+"""Jobs, summaries, layer checks, tables and comparison reports in plain words, for a terminal."""
 
 from __future__ import annotations
 
@@ -79,6 +79,9 @@ def summary_lines(job: dict[str, Any]) -> list[str]:
            f"{_or_dash(s['peak_excess_zero_fraction'], percent)} of values zero only here, gradient error "
            f"{_or_dash(s.get('peak_grad_rel_error'), lambda e: number(e, 2))}"] if s.get("float32_checks") else []),
         *([f"  float32 check    {s['float32_check_error']}"] if s.get("float32_check_error") else []),
+        *([f"  underflow from   {s['underflow_layer']} (step {s['underflow_step']}; mpjobs layers {job['id']})"]
+          if s.get("underflow_layer") else []),
+        *([f"  overflow risk    {s['overflow_layer']} (step {s['overflow_step']})"] if s.get("overflow_layer") else []),
         f"  throughput       {_or_dash(speed, rate, 'n/a')} examples/s",
     ]
     if s.get("precision_speed"):
@@ -135,4 +138,68 @@ def comparison_report(c: dict[str, Any]) -> str:
         if v.get("speed_error"):
             lines.append(f"  {v['label']} not timed: {v['speed_error']}")
     lines.append(f"verdict: {c['verdict']}")
+    return "\n".join(lines)
+
+
+def log2_cell(log2: float) -> str:
+    """A magnitude given as its base-2 logarithm, as a power of two, 3 significant digits: -24.0 -> "2^-24"."""
+    return f"2^{number(log2, 3)}"
+
+
+def _layer_row(layer: dict[str, Any], check: dict[str, Any]) -> list[str]:
+    """A layer's cells: "-" where it has nothing to show (nothing to train, its output not read, or no
+    such value: no float32 reference, no non-zero gradient), "non-finite" where inf or NaN hid it."""
+    def grad(field: str, show: Callable[[Any], str], magnitude: bool = True) -> str:
+        value, finite = layer.get(field), layer.get("grads_finite", True)
+        if layer["values"] == 0 or (value is None and not magnitude):
+            return "-"
+        if magnitude and not finite:
+            return "non-finite"
+        return "0" if value is None and field == "grad_max_log2" else _or_dash(value, show)  # all zero
+
+    def activation(field: str, show: Callable[[Any], str]) -> str:
+        if layer.get("activation_dtype") is None:
+            return "-"
+        return "non-finite" if not layer.get("activation_finite", True) else _or_dash(layer.get(field), show)
+
+    marks = [words for name, words in ((check.get("underflow_layer"), "underflow begins here"),
+                                        (check.get("overflow_layer"), "near overflow")) if name == layer["name"]]
+    return [layer["name"], layer["kind"], grad("zero_fraction", percent, False),
+            grad("excess_zero_fraction", percent, False),
+            grad("grad_norm", number), grad("grad_max_log2", log2_cell), grad("grad_min_log2", log2_cell),
+            activation("activation_max", number), activation("activation_headroom_log2", lambda h: number(h, 3)),
+            activation("activation_subnormal_fraction", percent), ", ".join(marks)]
+
+
+RECOVERY = {
+    "recovered": "the same step at loss scale {scale} keeps the gradients of {layer} ({excess} excess zeros left)",
+    "overflows_first": "no loss scale keeps them: at {scale} the step's gradients overflow before those of {layer} "
+                       "come back",
+    "not_by_scaling": "a larger loss scale does not bring the gradients of {layer} back (tried up to {scale})",
+}
+"""What the same step, tried again at doubling loss scales, found (LayerCheck.recovery)."""
+LAYER_HEADER = ["LAYER", "KIND", "ZERO GRADS", "EXCESS ZEROS", "GRAD NORM", "MAX |G|", "MIN |G|", "ACT MAX",
+                "HEADROOM (DOUBLINGS)", "SUBNORMAL ACT", ""]
+
+
+def layers_report(job_id: str, check: dict[str, Any], checks: int) -> str:
+    """One layer check (the API's LayerCheck) as a table, input side first, with what it found in words.
+
+    EXCESS ZEROS: gradient values zero under the policy but not in float32; MIN |G|: the smallest
+    non-zero one; HEADROOM: doublings left before the activations overflow their dtype.
+    """
+    which = f"the latest of {checks}" if checks > 1 else "the only one"
+    lines = [f"job {job_id}: layer check at step {check['step']} ({which}), {check['compute_dtype']} compute, "
+             f"loss scale {scale_num(check['loss_scale'])}",
+             table(LAYER_HEADER, [_layer_row(layer, check) for layer in check["layers"]])]
+    if check.get("underflow_layer"):
+        lines.append(f"gradient underflow begins at {check['underflow_layer']}: the layer nearest the output "
+                     "that loses gradient values float32 keeps (backpropagation reaches it first)")
+    recovery, at = check.get("recovery"), check.get("recovery_scale")
+    if recovery and at is not None:
+        lines.append(RECOVERY[recovery].format(layer=check["underflow_layer"], scale=scale_num(at), excess=_or_dash(
+            check.get("recovery_excess_zero_fraction"), percent)))
+    if check.get("overflow_layer"):
+        lines.append(f"activations near overflow from {check['overflow_layer']}: within two doublings of their "
+                     "dtype's largest value")
     return "\n".join(lines)

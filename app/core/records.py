@@ -96,6 +96,9 @@ class LayerNumerics(Strict):
     """log2 of its smallest non-zero |g|."""
     lost_min_log2: float | None = None
     """log2 of the smallest float32 |g| among the values the policy lost (null: none lost)."""
+    grad_rel_error: float | None = None
+    """||g_policy - g_float32|| / ||g_float32|| over its weights (null: no float32 reference, not finite, or
+    float32's all zero)."""
     signal_values: int = 0
     """Values of the gradient that backpropagation brings to its output (0: not measured)."""
     signal_zero_fraction: float | None = None
@@ -133,12 +136,15 @@ class LayerCheck(Strict):
     """The first layer, from the input, whose activations are within two doublings of overflow (or overflowed)."""
     recovery: Literal["recovered", "overflows_first", "not_by_scaling"] | None = None
     """On the first check that names an underflow layer, the same step tried again at doubling loss scales:
-    "recovered" at `recovery_scale`, the smallest that keeps that layer's gradients; "overflows_first": the
+    "recovered" at `recovery_scale`, the smallest at which that layer loses no values and its gradient is
+    within RECOVERED_REL_ERROR (10%) of float32's; "overflows_first": the
     step's gradients overflow at `recovery_scale` before the layer's come back; "not_by_scaling": up to
     `recovery_scale`, the largest at which they fit the dtype, the layer's stay lost. Null: not tried."""
     recovery_scale: float | None = None
     recovery_excess_zero_fraction: float | None = None
     """The underflow layer's excess zeros at `recovery_scale`."""
+    recovery_grad_rel_error: float | None = None
+    """The underflow layer's gradient error against float32 at `recovery_scale` (relative L2)."""
     time: float
     """Unix time of the check."""
 

@@ -1,4 +1,4 @@
-"""Metric streams: a step once per stream id, rollups beside them, read back as pages, latest steps or buckets."""
+"""Metric streams: a step (and a layer check) once per stream id, rollups beside them, read back as pages or buckets."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import redis
 
-from app.core.job import Bucket, MetricsBuckets, MetricsPage
-from app.core.records import StepRecord
+from app.core.job import Bucket, LayersPage, MetricsBuckets, MetricsPage
+from app.core.records import LayerCheck, StepRecord
 from app.store.base import RedisBacked
 from app.store.keys import (
     ROLLUP_FIELD,
@@ -19,6 +19,9 @@ from app.store.keys import (
     after,
     entry_id,
     job_key,
+    layer_check,
+    layers_fields,
+    layers_key,
     metrics_key,
     number_of,
     rollup_key,
@@ -30,11 +33,11 @@ from app.store.rollup import ROLLUP_STEPS, Rollup, bucketize_json
 RAW_BUCKET_LIMIT = 4096
 """Up to this many steps, buckets are cut from the raw series; beyond, from rollups."""
 
-# Forget steps after `keep` (a lost attempt's, recomputed from the checkpoint) and let the
-# stream accept them again: each step stays exactly once.
+# Forget steps after `keep` (a lost attempt's, recomputed from the checkpoint) and let each
+# stream (metrics, rollups, layer checks) accept them again: each step stays exactly once.
 REWIND = """
 local removed = 0
-for i = 1, 2 do
+for i = 1, #KEYS do
   local gone = redis.call('XRANGE', KEYS[i], ARGV[2 * i - 1], '+')
   for _, entry in ipairs(gone) do redis.call('XDEL', KEYS[i], entry[1]) end
   removed = removed + #gone
@@ -45,14 +48,20 @@ return removed
 
 
 class MetricStreams(RedisBacked):
-    """`job:{id}:metrics` (one entry per step) and `job:{id}:rollup` (one per ROLLUP_STEPS steps)."""
+    """`job:{id}:metrics` (one entry per step), `job:{id}:rollup` (one per ROLLUP_STEPS steps) and
+    `job:{id}:layers` (one per layer check)."""
 
     SCRIPTS = {"rewind": REWIND}
 
-    def append_steps(self, job_id: str, records: Sequence[StepRecord], rollups: Sequence[tuple[int, Rollup]]) -> None:
-        """One round trip: the steps, finished rollups, progress and the step counters. A resent
-        batch whose steps Redis already holds takes them back off the counters."""
+    def append_steps(self, job_id: str, records: Sequence[StepRecord], rollups: Sequence[tuple[int, Rollup]],
+                     layers: Sequence[LayerCheck] = ()) -> None:
+        """One round trip: the layer checks, the steps, finished rollups, progress and the step counters.
+        A resent batch whose steps Redis already holds takes them back off the counters.
+
+        The checks go first, so a reader that sees step `s` sees every check up to `s` (app/api/sse.py)."""
         with self.redis.pipeline(transaction=False) as pipe:
+            for check in layers:
+                pipe.xadd(layers_key(job_id), layers_fields(check), id=entry_id(check.step))
             for r in records:
                 pipe.xadd(metrics_key(job_id), step_fields(r), id=entry_id(r.step))
             for index, rollup in rollups:
@@ -67,7 +76,8 @@ class MetricStreams(RedisBacked):
             # A resent batch: a step id Redis already holds was written the first time.
             if isinstance(result, redis.ResponseError) and "equal or smaller" not in str(result):
                 raise result
-        held = [r for r, result in zip(records, results, strict=False) if isinstance(result, Exception)]
+        step_results = results[len(layers):len(layers) + len(records)]
+        held = [r for r, result in zip(records, step_results, strict=True) if isinstance(result, Exception)]
         if held:
             with self.redis.pipeline(transaction=False) as pipe:
                 pipe.hincrby(STATS, "steps", -len(held))
@@ -75,10 +85,12 @@ class MetricStreams(RedisBacked):
                 pipe.execute()
 
     def rewind_metrics(self, job_id: str, keep_step: int) -> int:
-        """Drop steps after `keep_step` (and their rollups) so a resumed attempt rewrites them once."""
-        keys = [metrics_key(job_id), rollup_key(job_id)]
+        """Drop steps after `keep_step` (their rollups and layer checks too) so a resumed attempt rewrites
+        them once. Returns how many entries went."""
+        keys = [metrics_key(job_id), rollup_key(job_id), layers_key(job_id)]
         kept_rollups = keep_step // ROLLUP_STEPS
-        args = [after(keep_step), entry_id(keep_step), after(kept_rollups), entry_id(kept_rollups)]
+        args = [after(keep_step), entry_id(keep_step), after(kept_rollups), entry_id(kept_rollups),
+                after(keep_step), entry_id(keep_step)]
         removed = int(self._run("rewind", keys, args))
         self.redis.hset(job_key(job_id), "step", keep_step)
         return removed
@@ -104,6 +116,15 @@ class MetricStreams(RedisBacked):
             expected = point.step + 1
         return MetricsPage(job_id=job_id, points=points, next_after=points[-1].step if more else None,
                            missing_steps=missing)
+
+    def read_layers(self, job_id: str, after_step: int, limit: int) -> LayersPage:
+        """Layer checks after step `after_step`, in step order, at most `limit`."""
+        entries = self.redis.xrange(layers_key(job_id), min=after(after_step), max="+", count=limit)
+        checks = [layer_check(fields) for _, fields in entries]
+        more = len(checks) == limit and bool(
+            self.redis.xrange(layers_key(job_id), min=after(checks[-1].step), max="+", count=1)
+        )
+        return LayersPage(job_id=job_id, checks=checks, next_after=checks[-1].step if more else None)
 
     def read_buckets(self, job_id: str, max_points: int) -> MetricsBuckets:
         last = self.redis.xrevrange(metrics_key(job_id), count=1)

@@ -21,8 +21,11 @@ import pytest
 
 from app.cli import Api, CliError, Exit, build_parser, comparison_report, main, summary_lines
 from app.cli.commands import cmd_compare
-from app.core.records import StepRecord
+from app.core.records import LayerNumerics, StepRecord
 from app.core.spec import ComparisonSpec
+from tests.app.test_layer_checks import check
+from tests.app.test_missing_steps import finish, record
+from tests.service.test_layers_api import ended_job, running_job
 from tests.stack import ROOT, Stack, free_port, wait_until
 
 STEPS = 30
@@ -181,6 +184,54 @@ def test_metrics_csv_has_one_row_per_step_with_the_api_values(
         assert record["skipped"] == "false" and float(record["loss_scale"]) == 1.0
     lines = mpjobs(stack, "metrics", job_id).stdout.splitlines()
     assert [json.loads(line) for line in lines] == points
+
+
+def test_layers_csv_has_one_row_per_step_and_layer_with_the_api_values(stack: Stack, tmp_path: Path) -> None:
+    job_id = ended_job(stack)  # checks at steps 1 and 5, two layers each
+    out = tmp_path / "layers.csv"
+    done = mpjobs(stack, "layers", job_id, "--csv", "-o", str(out))
+    assert done.returncode == Exit.OK and done.stdout == "" and done.stderr == ""
+    with out.open(newline="") as f:
+        reader = csv.reader(f)
+        header, rows = next(reader), list(reader)
+    assert header == ["step", "compute_dtype", "loss_scale", *LayerNumerics.model_fields]
+    expected = [(c.step, layer) for c in (check(1), check(5, underflow=None)) for layer in c.layers]
+    assert [(int(r[0]), r[3]) for r in rows] == [(step, layer.name) for step, layer in expected]
+    for row, (_, layer) in zip(rows, expected, strict=True):
+        cells = dict(zip(header, row, strict=True))
+        assert (cells["compute_dtype"], float(cells["loss_scale"])) == ("float16", 1.0)
+        for field, value in layer.model_dump().items():
+            want = "" if value is None else str(value).lower() if isinstance(value, bool) else value
+            assert (cells[field] if isinstance(want, str) else type(want)(cells[field])) == want, field
+
+
+def test_layers_prints_the_latest_check_and_marks_where_underflow_begins(stack: Stack) -> None:
+    store, job_id = running_job(stack, steps=3)
+    assert mpjobs(stack, "layers", job_id).stdout == (
+        f"job {job_id}: no layer checks yet (under float32 there are none unless training.layer_check_every "
+        "is set)\n")
+    store.append_steps(job_id, [record(1), record(2)], [], [check(1, underflow=None)])
+    latest = check(2).model_copy(update={"overflow_layer": "conv3d_1", "loss_scale": 32768.0,
+                                          "recovery": "recovered", "recovery_scale": 2.0**20,
+                                          "recovery_excess_zero_fraction": 0.0})
+    store.append_steps(job_id, [record(3)], [], [latest])
+    finish(store, job_id, steps_done=3)
+    done = mpjobs(stack, "layers", job_id)
+    assert done.returncode == Exit.OK, done.stderr
+    title, header, *rows = done.stdout.splitlines()
+    assert title == f"job {job_id}: layer check at step 2 (the latest of 2), float16 compute, loss scale 32768"
+    assert re.split(r"  +", header) == ["LAYER", "KIND", "ZERO GRADS", "EXCESS ZEROS", "GRAD NORM", "MAX |G|",
+                                        "MIN |G|", "ACT MAX", "HEADROOM (DOUBLINGS)", "SUBNORMAL ACT"]
+    # The values of tests/app/test_layer_checks.py's check(): a gradient of 2^-20 norm, 2^-21 at most, ...
+    assert [re.split(r"  +", row) for row in rows[:2]] == [
+        ["conv3d_1", "Conv3D", "50%", "50%", "9.537e-7", "2^-21", "2^-24", "3.5", "14.1", "25%",
+         "underflow begins here, near overflow"],
+        ["max_pooling3d", "MaxPooling3D", "-", "-", "-", "-", "-", "3.5", "126", "0%"]]
+    assert rows[2:] == [
+        "gradient underflow begins at conv3d_1: the layer nearest the output that loses gradient values float32 "
+        "keeps (backpropagation reaches it first)",
+        "the same step at loss scale 1048576 keeps the gradients of conv3d_1 (0% excess zeros left)",
+        "activations near overflow from conv3d_1: within two doublings of their dtype's largest value"]
 
 
 @pytest.mark.parametrize(("args", "field"), [
@@ -437,7 +488,7 @@ def test_compare_refuses_loss_scale_flags_that_no_variant_would_run(
 
 def test_not_found_unreachable_and_usage_exit_codes(stack: Stack) -> None:
     for args in (["show", "nosuchjob"], ["watch", "nosuchjob"], ["metrics", "nosuchjob"], ["cancel", "nosuchjob"],
-                 ["compare", "--show", "nosuchcomparison"]):
+                 ["layers", "nosuchjob"], ["compare", "--show", "nosuchcomparison"]):
         done = mpjobs(stack, *args)
         assert done.returncode == Exit.NOT_FOUND, args
         assert done.stderr.startswith("mpjobs: No "), done.stderr
@@ -573,6 +624,12 @@ def test_summary_lines_of_known_values() -> None:
         "  precision speed  2.00× faster than float32 (1.60–2.50×) (1 ms against 2 ms per step, quartiles of 9 "
         "rounds; float32 against itself 0.95–1.06×)",
         "  diagnoses        none",
+    ]
+    located = {**KNOWN_JOB, "summary": {**KNOWN_JOB["summary"], "underflow_layer": "conv3d_1", "underflow_step": 1,
+                                        "overflow_layer": "dense", "overflow_step": 200}}
+    assert summary_lines(located)[6:8] == [
+        "  underflow from   conv3d_1 (step 1; mpjobs layers j1)",
+        "  overflow risk    dense (step 200)",
     ]
 
 

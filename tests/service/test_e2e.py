@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import io
+import json
 import zipfile
 
 import httpx
+import pytest
 import redis
 from rq.job import Job as RQJob
 
+from app.cli import Exit, main
 from tests.service.conftest import Stack
+from tests.stack import iter_sse
 
 FIELDS = {"step", "loss", "loss_scale", "grad_norm", "grads_finite", "skipped", "zero_grad_fraction",
           "regularization_loss", "excess_zero_fraction", "grad_rel_error", "learning_rate", "examples_per_sec",
@@ -68,16 +72,37 @@ def test_mixed_float16_job_end_to_end(stack: Stack, client: httpx.Client) -> Non
     assert model.output_shape == (None, 10)
 
 
-def test_zero_gradients_over_the_api(stack: Stack, client: httpx.Client) -> None:
-    spec = {"model": {"name": "conv3d_unet"}, "precision_policy": "mixed_float16", "loss_scale": "none",
-            "training": {"steps": 3, "batch_size": 2, "optimizer": "sgd", "learning_rate": 0.1},
+def test_zero_gradients_over_the_api_and_the_layer_where_they_begin(
+        stack: Stack, client: httpx.Client, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = {"model": {"name": "conv3d_unet", "volume": 8, "filters": 4}, "precision_policy": "mixed_float16",
+            "loss_scale": "none", "training": {"steps": 3, "batch_size": 2, "optimizer": "sgd", "learning_rate": 0.1},
             "dataset": {"samples": 8}}
     job = client.post("/jobs", json=spec).json()
     done = stack.wait_for_state(client, job["id"], {"succeeded", "failed", "canceled"})
     assert done["state"] == "succeeded", done["error"]
-    codes = {d["code"]: d for d in done["summary"]["diagnoses"]}
+    summary = done["summary"]
+    codes = {d["code"]: d for d in summary["diagnoses"]}
     assert codes["gradient_underflow"]["first_step"] == 1
-    assert done["summary"]["peak_zero_grad_fraction"] >= 0.99
+    assert summary["peak_zero_grad_fraction"] >= 0.99
+
+    # The layer where it begins: the check of step 1 names it, and so do the summary, its diagnosis,
+    # the live stream and the CLI.
+    checks = client.get(f"/jobs/{job['id']}/layers").json()["checks"]
+    assert checks[0]["step"] == 1 and checks[0]["underflow_layer"] is not None, checks[0]
+    layer = checks[0]["underflow_layer"]
+    assert (summary["underflow_layer"], summary["underflow_step"]) == (layer, 1)
+    assert codes["layer_underflow"]["layer"] == layer and codes["layer_underflow"]["first_step"] == 1
+    streamed = []
+    for event, _, data, _ in iter_sse(client, f"/jobs/{job['id']}/metrics/stream"):
+        if event == "layers":
+            streamed.append(json.loads(data))
+        if event == "end":
+            break
+    assert streamed == checks
+    assert main(["--url", stack.base_url, "layers", job["id"]]) == Exit.OK
+    shown = capsys.readouterr().out.splitlines()
+    assert [row.split()[0] for row in shown if "underflow begins here" in row] == [layer]
+    assert any(line.startswith(f"gradient underflow begins at {layer}: ") for line in shown)
 
 
 def test_openapi_has_an_example_for_every_policy_and_mode(client: httpx.Client) -> None:

@@ -186,7 +186,7 @@ def test_malformed_json_is_422(client: httpx.Client) -> None:
     assert response.status_code == 422
 
 
-@pytest.mark.parametrize("path", ["", "/metrics", "/metrics/stream", "/artifacts/model.keras"])
+@pytest.mark.parametrize("path", ["", "/metrics", "/metrics/stream", "/layers", "/artifacts/model.keras"])
 def test_unknown_job_is_404(client: httpx.Client, path: str) -> None:
     response = client.get(f"/jobs/nosuchjob{path}")
     assert response.status_code == 404

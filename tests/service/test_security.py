@@ -88,7 +88,8 @@ def test_keys_are_required_everywhere_but_healthz(keyed_api: str) -> None:
     assert httpx.get(f"{keyed_api}/healthz").status_code == 200
     # Open by design: the dashboard's page (it asks for the key) and Prometheus's scrape.
     assert httpx.get(f"{keyed_api}/").status_code == 200 and httpx.get(f"{keyed_api}/metrics").status_code == 200
-    for path in ["/jobs", "/jobs/x", "/readyz", "/jobs/x/metrics", "/comparisons", "/comparisons/x"]:
+    for path in ["/jobs", "/jobs/x", "/readyz", "/jobs/x/metrics", "/jobs/x/layers", "/comparisons",
+                 "/comparisons/x"]:
         response = httpx.get(keyed_api + path)
         assert response.status_code == 401, path
         assert response.headers["www-authenticate"] == "Bearer"
@@ -103,7 +104,8 @@ def test_tenant_b_gets_404_on_every_endpoint_of_tenant_a(stack: Stack, keyed_api
     job_id = a.post("/jobs", json=SPEC).json()["id"]
     stack.wait_for_state(a, job_id, {"succeeded"})
     assert a.get(f"/jobs/{job_id}/artifacts/model.keras").status_code == 200
-    for path in ["", "/metrics", "/metrics?max_points=5", "/metrics/stream", "/artifacts/model.keras"]:
+    assert a.get(f"/jobs/{job_id}/layers").status_code == 200
+    for path in ["", "/metrics", "/metrics?max_points=5", "/metrics/stream", "/layers", "/artifacts/model.keras"]:
         assert b.get(f"/jobs/{job_id}{path}").status_code == 404, path
     assert b.delete(f"/jobs/{job_id}").status_code == 404
     assert job_id not in {j["id"] for j in b.get("/jobs", params={"limit": 200}).json()["jobs"]}

@@ -7,16 +7,18 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from app.core.config import Settings
 from app.core.records import StepRecord
+from tests.app.test_layer_checks import check
 from tests.worker.conftest import spec_of
 from worker.engine import run_job
 from worker.telemetry import FanOut, ListReporter
-from worker.tensorboard import TAGS, TensorBoardReporter
+from worker.tensorboard import LAYER_FIELDS, TAGS, TensorBoardReporter
 
 
 def record(step: int, loss: float | None) -> StepRecord:
@@ -65,6 +67,31 @@ def test_the_float32_check_s_values_appear_on_the_steps_that_have_them(tmp_path:
     assert [(e.step, e.value) for e in events.Scalars("excess_zero_fraction")] == [(1, 0.25)]
     assert [(e.step, e.value) for e in events.Scalars("grad_rel_error")] == [(1, 0.5)]
     assert "regularization_loss" not in events.Tags()["scalars"]
+
+
+def test_a_layer_check_is_one_scalar_per_layer_and_numeric_field_at_its_step(tmp_path: Path) -> None:
+    board = TensorBoardReporter(tmp_path)
+    board.layers([check(1)])
+    board.steps([record(1, 2.0), record(2, 1.0)])
+    board.close()
+    events = read(tmp_path)
+    layer_tags = {t for t in events.Tags()["scalars"] if t.startswith("layers/")}
+    conv, pool = check(1).layers
+    assert LAYER_FIELDS == ("values", "zero_fraction", "excess_zero_fraction", "grad_norm", "grad_max_log2",
+                            "grad_min_log2", "lost_min_log2", "grad_rel_error", "signal_values", "signal_zero_fraction",
+                            "signal_excess_zero_fraction", "activation_max", "activation_headroom_log2",
+                            "activation_subnormal_fraction", "activation_zero_fraction")
+    # The pooling layer trains nothing: its null gradient fields are left out, not written as NaN.
+    assert layer_tags == {f"layers/conv3d_1/{f}" for f in LAYER_FIELDS} | {
+        f"layers/max_pooling3d/{f}" for f in ("values", "signal_values", "activation_max", "activation_headroom_log2",
+                                              "activation_subnormal_fraction", "activation_zero_fraction")}
+    for layer in (conv, pool):
+        for field in LAYER_FIELDS:
+            if getattr(layer, field) is not None:
+                scalars = events.Scalars(f"layers/{layer.name}/{field}")
+                assert [(e.step, e.value) for e in scalars] == [(1, float(np.float32(getattr(layer, field))))]
+    assert events.Scalars("layers/conv3d_1/grad_min_log2")[0].value == -24.0
+    assert [e.step for e in events.Scalars("loss")] == [1, 2]
 
 
 FULL_DISK_STEPS = 40

@@ -42,7 +42,13 @@ async def stream_metrics(
     after: Annotated[int | None, Query(ge=0)] = None,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> StreamingResponse:
-    """Server-Sent Events: `metrics` (id = step), `state`, and `end` once the job is terminal."""
+    """Server-Sent Events: `metrics` (id = step), `layers`, `state`, and `end` once the job is terminal.
+
+    `layers` carries a layer check (as in `GET /jobs/{job_id}/layers`) and has no id: ids are steps, for
+    `Last-Event-ID`. A check comes just before the `metrics` event of its step, so a resume after step N
+    (`Last-Event-ID: N`, or `after=N`) sends the checks after step N and misses none; a connection cut
+    between a check and its step's `metrics` event sends that check again (tell them apart by `step`).
+    """
     await run_in_threadpool(services.get, store, job_id, tenant)
     start = int(last_event_id) if last_event_id and last_event_id.isdigit() else (after or 0)
     return StreamingResponse(

@@ -9,7 +9,7 @@ const UNDERFLOW = "underflow begins here";
 const OVERFLOW = "near overflow";
 const DIAGNOSIS_FLAGS = { layer_underflow: UNDERFLOW, activation_overflow_risk: OVERFLOW };
 const COLUMNS = ["Layer", "Kind", "Gradient values", "Zero %", "Excess zeros", "Grad norm", "Largest |g|",
-  "Smallest non-zero |g|", "Excess zeros reaching its output", "Activation dtype", "Activation max",
+  "Smallest non-zero |g|", "Gradient error vs float32", "Excess zeros reaching its output", "Activation dtype", "Activation max",
   "Headroom (doublings)", "Subnormal %"];
 
 // The job page scrolled to one layer's row: the link a diagnosis or a comparison gives.
@@ -32,7 +32,7 @@ function headroomText(l) {
 }
 
 function gradientCells(l) {
-  if (!l.values) return [h("td", { class: "muted", colspan: 6 }, "nothing to train")];
+  if (!l.values) return [h("td", { class: "muted", colspan: 7 }, "nothing to train")];
   const finite = l.grads_finite !== false;
   return [
     h("td", { class: "num" }, count(l.values)),
@@ -41,6 +41,7 @@ function gradientCells(l) {
     h("td", { class: "num" }, finite ? fmtNumber(l.grad_norm) : "non-finite"),
     h("td", { class: "num" }, finite ? power(l.grad_max_log2) : "non-finite"),
     h("td", { class: "num" }, power(l.grad_min_log2)),
+    h("td", { class: "num" }, fmtNumber(l.grad_rel_error, 2)),
   ];
 }
 
@@ -74,7 +75,8 @@ function recoveryText(checks) {
   const at = `At step ${c.step}, tried again at doubling loss scales, ${c.underflow_layer}'s gradients`;
   const scale = fmtNumber(c.recovery_scale);
   if (c.recovery === "recovered") {
-    return `${at} came back at a loss scale of ${scale} (excess zeros ${fmtPercent(c.recovery_excess_zero_fraction)}).`;
+    return `${at} came back at a loss scale of ${scale} (excess zeros ${fmtPercent(c.recovery_excess_zero_fraction)}, `
+      + `gradient error vs float32 ${fmtNumber(c.recovery_grad_rel_error, 2)}).`;
   }
   if (c.recovery === "overflows_first") return `${at} did not come back before the step overflowed, at ${scale}.`;
   return `${at} stayed lost up to ${scale}, the largest scale at which they fit ${c.compute_dtype}.`;

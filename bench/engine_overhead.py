@@ -61,7 +61,7 @@ class Case:
 
     @property
     def label(self) -> str:
-        scale = " + dynamic" if self.policy == "mixed_float16" else ""
+        scale = " + dynamic, float32 check and layer checks every 100" if self.policy == "mixed_float16" else ""
         return f"{self.model['name']} {self.policy}{scale}"
 
     def spec(self, checkpoint_every: int) -> JobSpec:

@@ -173,7 +173,7 @@ def _gradient_fields(policy: Sequence[np.ndarray], reference: Sequence[np.ndarra
         "values": int(values),
         "zero_fraction": float(np.count_nonzero(flat == 0) / values),
         "grads_finite": finite,
-        "grad_norm": math.sqrt(math.fsum(np.square(flat))) if finite else None,
+        "grad_norm": math.sqrt(float(np.dot(flat, flat))) if finite else None,
         "grad_max_log2": _log2(float(magnitude.max())) if finite else None,
         "grad_min_log2": _log2(float(nonzero.min())) if finite and nonzero.size else None,
     }
@@ -181,9 +181,9 @@ def _gradient_fields(policy: Sequence[np.ndarray], reference: Sequence[np.ndarra
         ref = np.concatenate([np.ravel(r) for r in reference]).astype(np.float64)
         lost = (flat == 0) & (ref != 0)
         fields["excess_zero_fraction"] = float(np.count_nonzero(lost) / values)
-        ref_norm = math.sqrt(math.fsum(np.square(ref)))
+        ref_norm = math.sqrt(float(np.dot(ref, ref)))
         if finite and ref_norm > 0:
-            fields["grad_rel_error"] = math.sqrt(math.fsum(np.square(flat - ref))) / ref_norm
+            fields["grad_rel_error"] = math.sqrt(float(np.dot(flat - ref, flat - ref))) / ref_norm
         fields["lost_min_log2"] = _log2(float(np.abs(ref[lost]).min())) if lost.any() else None
     return fields
 

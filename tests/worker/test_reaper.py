@@ -23,14 +23,6 @@ from worker.reaper import Reaper
 SPEC = JobSpec.model_validate({"model": {"name": "mlp"}, "training": {"steps": 10}})
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    redis = RedisServer(tmp_path_factory.mktemp("redis"))
-    redis.start()
-    yield redis
-    redis.stop()
-
-
 @pytest.fixture
 def settings(server: RedisServer, tmp_path: Path) -> Iterator[Settings]:
     server.client().flushall()

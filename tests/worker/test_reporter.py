@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from app.store import JobStore
@@ -11,14 +9,6 @@ from tests.app.test_layer_checks import check
 from tests.app.test_missing_steps import job_with_steps, record
 from tests.stack import RedisServer
 from worker.reporter import RedisReporter
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    redis = RedisServer(tmp_path_factory.mktemp("redis"))
-    redis.start()
-    yield redis
-    redis.stop()
 
 
 @pytest.fixture

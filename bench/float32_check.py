@@ -100,6 +100,37 @@ def one_check(repeats: int, layers: bool = False) -> tuple[float, float, float]:
     return statistics.median(first) * 1e3, statistics.median(steady) * 1e3, statistics.median(step) * 1e3
 
 
+TURNS = 15
+"""Steady checks timed per side and repeat in `checks_in_turns`."""
+
+
+def checks_in_turns(repeats: int) -> tuple[float, float, float]:
+    """(check without layer checks, check with them, one training step) in ms: two engines in one session,
+    their steady checks taking turns on the same batch, medians over every turn of every repeat."""
+    plain: list[float] = []
+    layered: list[float] = []
+    step: list[float] = []
+    for repeat in range(repeats):
+        with tempfile.TemporaryDirectory() as out:
+            off, on = sides(2 * PIECES, Path(out), layers=True)
+            (x, y), = on.training.segments()
+            bs = on.training.spec.training.batch_size
+            for engine in (off, on):
+                assert engine.training.check is not None
+                engine.training.check.set_model(engine.training.model)
+                engine.training.check.check(1, x[:bs], y[:bs])  # the first: builds and traces
+            for turn in range(TURNS):
+                for engine, times in ((off, plain), (on, layered))[::1 if (turn + repeat) % 2 else -1]:
+                    assert engine.training.check is not None
+                    start = time.perf_counter()
+                    engine.training.check.check(1, x[:bs], y[:bs])
+                    times.append(time.perf_counter() - start)
+            for engine in (off, on):
+                engine.fit(x, y)
+                step.append(_per_step(engine.finish()))
+    return statistics.median(plain) * 1e3, statistics.median(layered) * 1e3, statistics.median(step) * 1e3
+
+
 def _compare(steps: int, n: int, layers: bool) -> tuple[float, float, float, float, float]:
     """(off ms/step, on ms/step, median piece ratio, its quartiles)."""
     off, on, ratios = [], [], []
@@ -134,6 +165,12 @@ def run(quick: bool = False, repeats: int | None = None) -> list[Row]:
             Row(name, f"{label}: the first check (twin build, traces)", "one training step", step,
                 first, "ms", first / step),
         ]
+    plain, layered, step = checks_in_turns(n)
+    added = (layered - plain) / UNDERFLOW_CHECK_EVERY
+    rows.append(Row("layer checks", f"{label}: their added cost per step at the default interval, (check with layer "
+                    f"checks {layered:.2f} ms − without {plain:.2f} ms) / {UNDERFLOW_CHECK_EVERY}, from {TURNS} "
+                    f"checks a side taking turns in each of {n} repeats", "one training step", step, step + added,
+                    "ms/step", (step + added) / step, f"ratio <= {GOAL}", (step + added) / step <= GOAL))
     return rows
 
 

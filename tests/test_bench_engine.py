@@ -49,14 +49,16 @@ def test_float32_check_cost_sets_the_check_beside_the_same_engine_without_it() -
 
     rows = float32_check.run(quick=True, repeats=1)
     assert [r.baseline for r in rows] == ["same engine, check off", "one training step", "one training step",
-                                          "same engine, layer checks off", "one training step", "one training step"]
-    assert [r.benchmark for r in rows] == ["float32 check"] * 3 + ["layer checks"] * 3
+                                          "same engine, layer checks off", "one training step", "one training step",
+                                          "one training step"]
+    assert [r.benchmark for r in rows] == ["float32 check"] * 3 + ["layer checks"] * 4
     for row in rows:
         assert row.baseline_value is not None and row.baseline_value > 0 and row.value > 0
         assert row.ratio is not None and row.ratio == pytest.approx(row.value / row.baseline_value, rel=0.5)
     for first in (rows[0], rows[3]):
         assert first.goal == "ratio <= 1.05" and first.met is (first.ratio is not None and first.ratio <= 1.05)
     assert rows[2].value > rows[1].value and rows[5].value > rows[4].value  # the first check builds and traces
+    assert rows[6].goal == "ratio <= 1.05" and rows[6].met is (rows[6].ratio is not None and rows[6].ratio <= 1.05)
     # The sides differ in what they say they differ in: the layer-check side records layer checks.
     with tempfile.TemporaryDirectory() as out:
         off, on = float32_check.sides(2, Path(out), layers=True)

@@ -27,8 +27,16 @@ def test_finished_job_has_one_tensorboard_scalar_per_step(stack: Stack, client: 
 
     events = EventAccumulator(str(stack.artifacts / job["id"] / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
-    assert set(events.Tags()["scalars"]) == TAGS | CHECKED
+    tags = set(events.Tags()["scalars"])
+    assert {t for t in tags if not t.startswith("layers/")} == TAGS | CHECKED
     assert [e.step for e in events.Scalars("excess_zero_fraction")] == [1]
+    # The layer check rides on the same step: one scalar per layer and field, from the API's check.
+    (check,) = client.get(f"/jobs/{job['id']}/layers").json()["checks"]
+    expected = {f"layers/{layer['name']}/{field}": value for layer in check["layers"] for field, value in layer.items()
+                if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    assert {t for t in tags if t.startswith("layers/")} == set(expected)
+    for tag, value in expected.items():
+        assert [(e.step, e.value) for e in events.Scalars(tag)] == [(1, _f32(value))], tag
     loss = events.Scalars("loss")
     assert [e.step for e in loss] == list(range(1, steps + 1))
     points = client.get(f"/jobs/{job['id']}/metrics").json()["points"]

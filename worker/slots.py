@@ -110,7 +110,7 @@ class Supervisor:
         delay = min(RESTART_BACKOFF_S * 2 ** (slot.deaths_in_a_row - 1), RESTART_BACKOFF_MAX_S)
         slot.restart_at = now + delay
         log.warning("supervisor: slot gpu%s (pid %d) died with %s after %.1f s (%d in a row); restarting it "
-                    "in %.0f s, and its job is requeued once its lease runs out",
+                    "in %.0f s; a job it held is requeued once its lease runs out",
                     slot.gpu, pid, how, lived, slot.deaths_in_a_row, delay)
 
     def _start(self, slot: Slot) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -125,7 +126,8 @@ class Stack:
     def slot_names(self) -> list[str]:
         """The RQ names of the live GPU slots on this host: `{host}.{pid}.gpu{n}`."""
         prefix = f"rq:worker:{socket.gethostname()}."
-        return [key.removeprefix("rq:worker:") for key in self.redis.client().scan_iter(f"{prefix}*.gpu*")]
+        return [key.removeprefix("rq:worker:") for key in self.redis.client().scan_iter(f"{prefix}*.gpu*")
+                if re.fullmatch(r"\d+\.gpu\d+", key.removeprefix(prefix))]  # not RQ's `{name}:executions`
 
     def stop(self) -> None:
         for process in [*self.workers, self.api]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -86,13 +87,16 @@ class Stack:
                     # The speed check still runs after every half-precision job (all its rounds, the
                     # A/A pair), one step per piece: on a CPU where float16 is 25x slower, the default
                     # 4 steps cost seconds per job across the suite. Its own tests set their steps.
-                    "SPEED_CHECK_STEPS": "1"}
+                    "SPEED_CHECK_STEPS": "1",
+                    # One in-process worker per `python -m worker`, even on a GPU host: tests that want
+                    # a slot per GPU inject their GPUs (start_supervisor).
+                    "HOST_GPUS": "none"}
         self.api: subprocess.Popen[bytes] | None = None
         self.workers: list[subprocess.Popen[bytes]] = []
 
-    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], log_name: str, **env: str) -> subprocess.Popen[bytes]:
         log = open(self.logs / log_name, "ab")  # noqa: SIM115  closed with the process
-        return subprocess.Popen(args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        return subprocess.Popen(args, cwd=ROOT, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
     def start_api(self) -> None:
@@ -106,6 +110,24 @@ class Stack:
         key = f"rq:worker:{socket.gethostname()}.{worker.pid}"
         wait_until(lambda: self.redis.client().exists(key), 60, "the worker to register")
         return worker
+
+    def start_supervisor(self, host_gpus: str, **env: str) -> subprocess.Popen[bytes]:
+        """`python -m worker` on a host given the GPUs `host_gpus` (`0,1`): waits until a slot per
+        GPU it chose (WORKER_GPUS in `env`, default all) has registered as `{host}.{pid}.gpu{n}`."""
+        supervisor = self._spawn([sys.executable, "-m", "worker"], f"worker{len(self.workers)}.log",
+                                 HOST_GPUS=host_gpus, **env)
+        self.workers.append(supervisor)
+        chosen = env.get("WORKER_GPUS", host_gpus)
+        wanted = {f"gpu{gpu}" for gpu in chosen.split(",")}
+        wait_until(lambda: {name.rsplit(".", 1)[-1] for name in self.slot_names()} >= wanted, 60,
+                   f"slots {sorted(wanted)} to register")
+        return supervisor
+
+    def slot_names(self) -> list[str]:
+        """The RQ names of the live GPU slots on this host: `{host}.{pid}.gpu{n}`."""
+        prefix = f"rq:worker:{socket.gethostname()}."
+        return [key.removeprefix("rq:worker:") for key in self.redis.client().scan_iter(f"{prefix}*.gpu*")
+                if re.fullmatch(r"\d+\.gpu\d+", key.removeprefix(prefix))]  # not RQ's `{name}:executions`
 
     def stop(self) -> None:
         for process in [*self.workers, self.api]:

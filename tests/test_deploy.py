@@ -33,13 +33,14 @@ def test_api_waits_for_healthy_redis() -> None:
     assert api["environment"]["API_KEYS"].startswith("${API_KEYS:?"), "a published API must require keys"
 
 
-def test_gpu_worker_reserves_a_gpu_and_shares_artifacts() -> None:
+def test_gpu_worker_takes_every_gpu_is_restarted_and_shares_artifacts() -> None:
     services = compose()["services"]
     worker = services["worker"]
-    devices = worker["deploy"]["resources"]["reservations"]["devices"]
-    assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
-    assert "container_name" not in worker, "a fixed name would break --scale worker=N"
-    assert "ports" not in worker, "published ports would break --scale worker=N"
+    (devices,) = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert devices["driver"] == "nvidia" and "gpu" in devices["capabilities"]
+    assert devices["count"] == "all", "one worker, a job slot per GPU: replicas would all get the same GPU"
+    assert worker["restart"] == "unless-stopped"
+    assert worker["environment"]["WORKER_GPUS"] == "${WORKER_GPUS:-all}"
     shared = {v.split(":")[0] for v in worker["volumes"]} & {v.split(":")[0] for v in services["api"]["volumes"]}
     assert "artifacts" in shared
     assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
@@ -49,6 +50,17 @@ def test_cpu_worker_is_an_optional_profile() -> None:
     cpu = compose()["services"]["cpu-worker"]
     assert cpu["profiles"] == ["cpu"]
     assert cpu["build"]["args"]["EXTRAS"] == "cpu"
+    assert cpu["restart"] == "unless-stopped" and cpu["environment"]["HOST_GPUS"] == "none"
+
+
+def test_no_advice_to_scale_the_gpu_worker_is_left() -> None:
+    """`--scale worker=N` gives every replica the same GPU (docker/compose#11863): the docs say
+    how to use part of a host instead."""
+    for path in ("docker-compose.yml", "README.md", "docs/architecture.md", "docs/reliability.md"):
+        text = (ROOT / path).read_text()
+        assert not re.search(r"--scale\b|\bscale worker", text), f"{path} still advises scaling the worker"
+    readme = (ROOT / "README.md").read_text()
+    assert "WORKER_GPUS=0,1" in readme and "device_ids" in readme
 
 
 def test_dockerfile_api_image_has_no_tensorflow() -> None:

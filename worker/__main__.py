@@ -1,4 +1,8 @@
-"""`python -m worker`: detect the device, warm the engine, and take jobs.
+"""`python -m worker`: one job slot per GPU, or on a host without one, detect, warm up and take jobs.
+
+On a GPU host this process is the supervisor (worker/slots.py): it starts one slot, `python -m
+worker --slot GPU` pinned with CUDA_VISIBLE_DEVICES, per GPU that WORKER_GPUS chooses, and
+never loads TensorFlow itself. A slot, or the worker of a host without a GPU, is what follows.
 
 The worker class is `TrainingWorker`, an RQ `SimpleWorker`: jobs run in this
 process, never in a forked work horse. TensorFlow is not fork-safe once CUDA
@@ -25,7 +29,9 @@ from rq.worker import WorkerStatus
 
 from app.core.config import get_settings
 from app.store.queue import listening_queues
+from worker.gpus import chosen_gpus, host_gpus
 from worker.reaper import Reaper
+from worker.slots import Supervisor
 
 log = logging.getLogger("mpjobs.worker")
 
@@ -63,10 +69,20 @@ class TrainingWorker(SimpleWorker):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker", description="Run an mpjobs training worker.")
     parser.add_argument("--burst", action="store_true", help="exit when the queues are empty")
+    parser.add_argument("--slot", metavar="GPU", help=argparse.SUPPRESS)  # the supervisor's: run as GPU's slot
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     settings = get_settings()
+    if args.slot is None:
+        try:
+            gpus = chosen_gpus(settings.worker_gpus, host_gpus(settings.host_gpus))
+        except ValueError as exc:
+            log.error("%s", exc)
+            return 2
+        if gpus:
+            log.info("GPUs %s: one job slot each", ", ".join(gpus))
+            return Supervisor(gpus, burst=args.burst).run()
 
     from worker import tasks  # noqa: F401  Warm: TensorFlow and the engine load once, here.
     from worker.devices import detect_device
@@ -76,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("device: %s; listening on %s", device.describe(), queues)
     redis = Redis.from_url(settings.redis_url)
     Reaper(settings, redis).start()
-    worker = TrainingWorker(queues, connection=redis, name=f"{socket.gethostname()}.{os.getpid()}",
+    slot = "" if args.slot is None else f".gpu{args.slot}"  # the RQ worker's name says which GPU it has
+    worker = TrainingWorker(queues, connection=redis, name=f"{socket.gethostname()}.{os.getpid()}{slot}",
                             heartbeat_interval_s=settings.heartbeat_interval_s)
     worker.work(burst=args.burst, with_scheduler=False, logging_level="INFO")
     return 0

@@ -27,6 +27,7 @@ from app.store import JobStore
 from worker import checkpoint
 from worker.devices import detect_device
 from worker.engine import release_memory, run_job
+from worker.gpus import pinned_gpus
 from worker.reporter import RedisReporter
 from worker.telemetry import FanOut
 from worker.tensorboard import LOGDIR as TENSORBOARD_LOGDIR
@@ -101,13 +102,15 @@ def _attempt(store: JobStore, job_id: str, settings: Settings) -> str:
         store.rewind_metrics(job_id, resume_from)
     device = detect_device()
     attempt = job.attempt + 1
-    worker = {"host": socket.gethostname(), "pid": os.getpid(), "device": device.describe()}
+    gpus = pinned_gpus()
+    worker = {"host": socket.gethostname(), "pid": os.getpid(), "device": device.describe(), "gpus": gpus}
     owner = f"{worker['host']}:{worker['pid']}"
+    on_gpus = f", GPU {','.join(gpus)}" if gpus else ""
     store.renew_lease(job_id, owner, settings.lease_s)  # before `running`: a reaper never sees one without it
     resumed = f", resuming from step {resume_from}" if resume_from else ""
     moved, now_state = store.transition(
         job_id, JobState.RUNNING, [JobState.QUEUED],
-        f"attempt {attempt} on {worker['host']} ({device.kind}){resumed}",
+        f"attempt {attempt} on {worker['host']} ({device.kind}{on_gpus}){resumed}",
         started_at=clock.iso(), attempt=attempt, worker=worker,
     )
     if not moved:

@@ -61,7 +61,8 @@ def cmd_show(api: Api, args: argparse.Namespace) -> int:
         print(json.dumps(job, indent=2))
         return Exit.OK
     spec, worker = job["spec"], job.get("worker")
-    where = f" on {worker['host']} pid {worker['pid']} ({worker['device'].get('kind', '?')})" if worker else ""
+    gpus = f", GPU {','.join(worker['gpus'])}" if worker and worker.get("gpus") else ""
+    where = f" on {worker['host']} pid {worker['pid']} ({worker['device'].get('kind', '?')}{gpus})" if worker else ""
     lines = [f"job {job['id']}" + (f"  {job['name']!r}" if job.get("name") else ""),
              f"  state            {job['state']}, attempt {job['attempt']}{where}",
              f"  spec             {spec_words(spec)}",

@@ -45,6 +45,12 @@ class Settings(BaseSettings):
     `last_heartbeat` and the job's StartedJobRegistry expiry); far inside RQ's 90 s worker and job TTLs."""
     max_attempts: int = 3
     """Attempts per job, the first included; after the last, a lost worker fails the job (worker_lost)."""
+    worker_gpus: str = "all"
+    """`all`, or GPU indices as nvidia-smi numbers them (`0,1`): the GPUs `python -m worker` runs one
+    job slot each on, every slot a process of its own pinned with CUDA_VISIBLE_DEVICES (worker/slots.py)."""
+    host_gpus: str = ""
+    """This host's GPU indices (`0,1`, or `none`) instead of asking nvidia-smi: where it cannot answer,
+    and in tests, which give a CPU machine GPUs to pin slots to. Empty: detected."""
     api_keys: str = ""
     """`key:tenant,...`. Empty: open mode, for a local API bound to 127.0.0.1 only."""
 

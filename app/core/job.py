@@ -46,6 +46,8 @@ class WorkerInfo(BaseModel):
     host: str
     pid: int
     device: dict[str, Any]
+    gpus: list[str] = []
+    """The host's GPUs the worker was pinned to (its slot's CUDA_VISIBLE_DEVICES); [] when not pinned."""
 
 
 class Job(BaseModel):

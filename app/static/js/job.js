@@ -77,7 +77,8 @@ function specLine(job) {
     h("span", { class: "mono", "data-testid": "policy" }, spec.precision_policy), " · ",
     "loss scale ", h("span", { class: "mono" }, lossScaleText(spec.loss_scale)), " · ",
     `${t.steps} steps of ${t.batch_size}, ${t.optimizer} at ${t.learning_rate}`,
-    job.worker ? ` · ${job.worker.device.kind ?? ""} worker ${job.worker.host}:${job.worker.pid}` : "");
+    job.worker ? ` · ${job.worker.device.kind ?? ""} worker ${job.worker.host}:${job.worker.pid}` +
+      (job.worker.gpus?.length ? ` (GPU ${job.worker.gpus.join(",")})` : "") : "");
 }
 
 // `layersTarget`: from #/jobs/<id>/layers/<layer>, the layer to scroll to ("" for the Layers panel).

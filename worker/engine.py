@@ -134,8 +134,10 @@ class Training:
         t, policy = spec.training, spec.precision_policy
         self.spec, self.reporter, self.out, self.device, self.settings = spec, reporter, out, device, settings
         self.should_stop = should_stop
-        # A worker runs many jobs in one process: drop the last job's graphs and layer names.
-        keras.backend.clear_session()
+        # A worker runs many jobs in one process: drop the last job's graphs and layer names. Without
+        # a full garbage collection (a quarter second in a process holding TensorFlow): the worker
+        # already runs one when each job ends (release_memory), and nothing here needs it sooner.
+        keras.backend.clear_session(free_memory=False)
         keras.utils.set_random_seed(t.seed)
         on_cpu_tf = device.kind == "cpu" and device.backend == "tensorflow"
         built: BuiltModel = build_model(spec, on_cpu_tf=on_cpu_tf)

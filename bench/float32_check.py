@@ -104,7 +104,7 @@ TURNS = 15
 """Steady checks timed per side and repeat in `checks_in_turns`."""
 
 
-def checks_in_turns(repeats: int) -> tuple[float, float, float]:
+def checks_in_turns(repeats: int, turns: int = TURNS) -> tuple[float, float, float]:
     """(check without layer checks, check with them, one training step) in ms: two engines in one session,
     their steady checks taking turns on the same batch, medians over every turn of every repeat."""
     plain: list[float] = []
@@ -119,7 +119,7 @@ def checks_in_turns(repeats: int) -> tuple[float, float, float]:
                 assert engine.training.check is not None
                 engine.training.check.set_model(engine.training.model)
                 engine.training.check.check(1, x[:bs], y[:bs])  # the first: builds and traces
-            for turn in range(TURNS):
+            for turn in range(turns):
                 for engine, times in ((off, plain), (on, layered))[::1 if (turn + repeat) % 2 else -1]:
                     assert engine.training.check is not None
                     start = time.perf_counter()
@@ -144,7 +144,8 @@ def _compare(steps: int, n: int, layers: bool) -> tuple[float, float, float, flo
 
 
 def run(quick: bool = False, repeats: int | None = None) -> list[Row]:
-    steps, n = (STEPS // 3, 2) if quick else (STEPS, REPEATS)
+    steps, n = (UNDERFLOW_CHECK_EVERY, 2) if quick else (STEPS, REPEATS)
+    turns = 3 if quick else TURNS
     n = repeats or n
     label = f"mlp {POLICY} + dynamic"
     rows = []
@@ -165,10 +166,10 @@ def run(quick: bool = False, repeats: int | None = None) -> list[Row]:
             Row(name, f"{label}: the first check (twin build, traces)", "one training step", step,
                 first, "ms", first / step),
         ]
-    plain, layered, step = checks_in_turns(n)
+    plain, layered, step = checks_in_turns(n, turns)
     added = (layered - plain) / UNDERFLOW_CHECK_EVERY
     rows.append(Row("layer checks", f"{label}: their added cost per step at the default interval, (check with layer "
-                    f"checks {layered:.2f} ms − without {plain:.2f} ms) / {UNDERFLOW_CHECK_EVERY}, from {TURNS} "
+                    f"checks {layered:.2f} ms − without {plain:.2f} ms) / {UNDERFLOW_CHECK_EVERY}, from {turns} "
                     f"checks a side taking turns in each of {n} repeats", "one training step", step, step + added,
                     "ms/step", (step + added) / step, f"ratio <= {GOAL}", (step + added) / step <= GOAL))
     return rows

@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.core.spec import MAX_DEVICES
+
 MIN_SPEED_ROUNDS = 5
 """Quartiles of fewer per-round ratios say little; even 5 once called an A/A pair different under load."""
 
@@ -45,6 +47,9 @@ class Settings(BaseSettings):
     `last_heartbeat` and the job's StartedJobRegistry expiry); far inside RQ's 90 s worker and job TTLs."""
     max_attempts: int = 3
     """Attempts per job, the first included; after the last, a lost worker fails the job (worker_lost)."""
+    cpu_logical_devices: int = Field(1, ge=1, le=MAX_DEVICES)
+    """On a CPU host (TensorFlow), split the CPU into this many devices, so the worker takes jobs with
+    `training.devices` up to it: for testing multi-device jobs without GPUs. 1: the CPU as one device."""
     api_keys: str = ""
     """`key:tenant,...`. Empty: open mode, for a local API bound to 127.0.0.1 only."""
 

@@ -43,6 +43,13 @@ each invocation), so repeats cost little more than their steps.
 
     python -m bench.gpu_speedup --out bench-out           # on the GPU host
     python -m bench.gpu_speedup --smoke --out /tmp/smoke  # tiny shapes, on a CPU
+    python -m bench.gpu_speedup --devices 2 --out bench-out-2  # one job on two GPUs
+
+`--devices N` (N > 1) trains each case as one job on N devices of this host
+(`training.devices`, `tf.distribute.MirroredStrategy`), so it runs under
+TensorFlow, not JAX; each device gets the batch one device gets alone (the
+global batch is N times as large, and so are the FLOPs a step counts). On a
+CPU, `--smoke --devices 2` splits the CPU into two logical devices.
 
 The smoke run shares everything with the full one but its shapes and one
 detail: its transformer has dropout, which takes Keras's einsum attention
@@ -69,12 +76,19 @@ from typing import Any
 STARTED = time.monotonic()
 """The budget counts from here: before JAX, Keras and the device start up."""
 
-os.environ["KERAS_BACKEND"] = "jax"  # Whatever the environment says: this measures the JAX engine.
+_early = argparse.ArgumentParser(add_help=False)
+_early.add_argument("--devices", type=int, default=1)
+DEVICES = max(1, _early.parse_known_args()[0].devices)
+"""One job on several devices runs under tf.distribute: the backend is chosen before Keras loads."""
+BACKEND = "jax" if DEVICES == 1 else "tensorflow"
+os.environ["KERAS_BACKEND"] = BACKEND  # Whatever the environment says: one device measures the JAX engine.
 if __package__ in (None, ""):  # python bench/gpu_speedup.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jax  # noqa: E402
 import keras  # noqa: E402
+
+if BACKEND == "jax":
+    import jax
 
 from app.core.config import Settings  # noqa: E402
 from app.core.errors import JobFailed  # noqa: E402
@@ -101,12 +115,13 @@ class Model:
     def name(self) -> str:
         return str(self.model["name"])
 
-    def spec(self, policy: str, steps: int) -> JobSpec:
+    def spec(self, policy: str, steps: int, devices: int = 1) -> JobSpec:
+        batch = self.batch_size * devices  # each device gets the batch one device gets alone
         return JobSpec.model_validate({
             "model": self.model, "precision_policy": policy,
-            "training": {"steps": steps, "batch_size": self.batch_size, "checkpoint_every": 10_000_000},
+            "training": {"steps": steps, "batch_size": batch, "checkpoint_every": 10_000_000, "devices": devices},
             # Few samples: the data is built on the host, and a large set would only cost time.
-            "dataset": {"samples": 2 * self.batch_size},
+            "dataset": {"samples": 2 * batch},
         })
 
 
@@ -164,8 +179,8 @@ def run_once(spec: JobSpec, warmup: int, steps: int, windows: int, deadline: flo
     begin, began_at, error, device = time.monotonic(), time.time(), None, None
     with tempfile.TemporaryDirectory(prefix="gpu-speedup-") as checkpoint_dir:
         try:
-            result = run_job(spec, reporter=reporter, checkpoint_dir=Path(checkpoint_dir),
-                             should_stop=should_stop, settings=Settings())
+            result = run_job(spec, reporter=reporter, checkpoint_dir=Path(checkpoint_dir), should_stop=should_stop,
+                             settings=Settings(cpu_logical_devices=spec.training.devices))
             device = result.device.describe()
         except JobFailed as exc:
             error = f"{type(exc).__name__}: {exc}"
@@ -186,7 +201,7 @@ def run_once(spec: JobSpec, warmup: int, steps: int, windows: int, deadline: flo
 
 
 def summarize(case: Case, baseline: Case, peak_tflops: float) -> dict[str, Any]:
-    spec = case.model.spec(case.policy, 1)
+    spec = case.model.spec(case.policy, 1, DEVICES)
     windows = case.windows()
     step_ms = median(windows) if windows else None
     ratios = [median(baseline.windows(r)) / median(case.windows(r))
@@ -197,10 +212,10 @@ def summarize(case: Case, baseline: Case, peak_tflops: float) -> dict[str, Any]:
     has_goal = case.model.name == "transformer" and case.policy != "float32"
     return {
         "model": case.model.name, "policy": case.policy, "label": label(case.policy),
-        "model_spec": spec.model.model_dump(), "batch_size": case.model.batch_size,
+        "model_spec": spec.model.model_dump(), "batch_size": spec.training.batch_size, "devices": DEVICES,
         "flops_per_step": flops, "step_time_ms": step_ms,
         "window_ms_min": min(windows) if windows else None, "window_ms_max": max(windows) if windows else None,
-        "examples_per_sec": case.model.batch_size / (step_ms / 1e3) if step_ms else None,
+        "examples_per_sec": spec.training.batch_size / (step_ms / 1e3) if step_ms else None,
         "speedup": speedup, "speedup_per_round": [1.0] * len(ratios) if case is baseline else ratios,
         "tflops": tflops, "peak_percent": 100 * tflops / peak_tflops if tflops else None,
         "goal": f">= {GOAL}x float32" if has_goal else "",
@@ -232,6 +247,18 @@ def _version(package: str) -> str | None:
 
 
 def environment(args: argparse.Namespace) -> dict[str, Any]:
+    if BACKEND != "jax":
+        import tensorflow as tf
+
+        from worker.devices import detect_device
+
+        found = detect_device(args.devices)  # on a CPU, splits it into --devices logical devices first
+        return {"date": datetime.now(UTC).isoformat(timespec="seconds"), "devices_per_job": args.devices,
+                "devices": [d.name for d in tf.config.list_logical_devices(found.kind.upper())],
+                "platform": found.kind, "device_kind": found.name, "compute_capability": found.compute_capability,
+                "tensorflow": tf.__version__, "keras": keras.__version__, "keras_backend": keras.backend.backend(),
+                "python": platform.python_version(), "host": f"{platform.processor() or platform.machine()}, "
+                f"{os.cpu_count()} CPUs", "float32_matmul": "TensorFlow's default", "peak_tflops": args.peak_tflops}
     device = jax.devices()[0]
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -254,6 +281,13 @@ def _times(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}×"
 
 
+def engine(env: dict[str, Any]) -> str:
+    """`jax 0.4.35` for one device; `tensorflow 2.20.0, 2 devices per job` for one job on several."""
+    if "jax" in env:
+        return f"jax {env['jax']}"
+    return f"tensorflow {env['tensorflow']}, {env['devices_per_job']} devices per job"
+
+
 def report(results: list[dict[str, Any]], env: dict[str, Any], notes: list[str], args: argparse.Namespace) -> str:
     float32 = {r["model"]: r for r in results if r["policy"] == "float32"}
     rows = [Row("gpu speedup", f"{r['model']} {r['label']}", "float32", float32[r["model"]]["examples_per_sec"],
@@ -262,7 +296,7 @@ def report(results: list[dict[str, Any]], env: dict[str, Any], notes: list[str],
     lines = [
         f"# GPU speedup through the engine — {env['date']}",
         "",
-        f"{env['device_kind']} ({env['platform']}, {len(env['devices'])} device(s)), jax {env['jax']}, "
+        f"{env['device_kind']} ({env['platform']}, {len(env['devices'])} device(s)), {engine(env)}, "
         f"keras {env['keras']} ({env['keras_backend']}), Python {env['python']}; float32 matmuls: "
         f"{env['float32_matmul']}; {args.warmup} warm-up + {args.steps} measured steps in {args.windows} "
         f"windows per run, up to {args.rounds} round(s); peak {args.peak_tflops:g} TFLOP/s (dense bf16).",
@@ -282,7 +316,8 @@ def report(results: list[dict[str, Any]], env: dict[str, Any], notes: list[str],
     goal = [r for r in results if r["goal"]]
     verdict = "met" if goal and all(r["met"] for r in goal) else "NO"
     parts = ", ".join(f"{r['label']} {_times(r['speedup'])}" for r in goal)
-    lines += ["", f"Goal (transformer, each mixed policy >= {GOAL}x float32): **{verdict}** ({parts})."]
+    if goal or "transformer" in args.models.split(","):  # --models without it: no goal to judge
+        lines += ["", f"Goal (transformer, each mixed policy >= {GOAL}x float32): **{verdict}** ({parts})."]
     lines += ["", *[f"- {n}" for n in notes]] if notes else []
     return "\n".join(lines) + "\n"
 
@@ -299,12 +334,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--peak-tflops", type=float, default=790.0, help="the chip's dense bf16 peak")
     parser.add_argument("--float32-matmul", choices=tuple(FLOAT32_MATMUL), default="default",
                         help="JAX matmul precision for float32 inputs: default is TF32 on Ampere and newer")
+    parser.add_argument("--models", default="transformer,cnn", help="which models, comma-separated")
+    parser.add_argument("--devices", type=int, default=1,
+                        help="devices one job trains on (tf.distribute, TensorFlow backend); 1: JAX, one device")
     args = parser.parse_args(argv)
     for name, full, smoke in (("rounds", 3, 1), ("warmup", 5, 2), ("steps", 30, 6), ("windows", 3, 2)):
         if getattr(args, name) is None:
             setattr(args, name, smoke if args.smoke else full)
     if args.warmup < 1 or args.steps < args.windows or args.windows < 1 or args.rounds < 1:
         parser.error("need warmup >= 1, windows >= 1, steps >= windows and rounds >= 1")
+    if args.devices != DEVICES:
+        parser.error(f"--devices is read when the module loads: {DEVICES} then, {args.devices} now")
     return args
 
 
@@ -324,7 +364,7 @@ def measure(args: argparse.Namespace, cases: list[Case], env: dict[str, Any], no
                     if round_ > 1:
                         break
                     continue
-                spec = case.model.spec(case.policy, args.warmup + args.steps)
+                spec = case.model.spec(case.policy, args.warmup + args.steps, args.devices)
                 run = run_once(spec, args.warmup, args.steps, args.windows, deadline, round_)
                 case.runs.append(run)
                 name = f"round {round_}: {case.model.name} {label(case.policy)}"
@@ -343,18 +383,20 @@ def measure(args: argparse.Namespace, cases: list[Case], env: dict[str, Any], no
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if keras.backend.backend() != "jax":
-        raise SystemExit(f"Expected the JAX backend. Received: keras backend {keras.backend.backend()!r} "
-                         "(keras was imported before this module set KERAS_BACKEND=jax).")
-    if args.float32_matmul != "default":
+    if keras.backend.backend() != BACKEND:
+        raise SystemExit(f"Expected the {BACKEND} backend. Received: keras backend {keras.backend.backend()!r} "
+                         f"(keras was imported before this module set KERAS_BACKEND={BACKEND}).")
+    if args.float32_matmul != "default" and BACKEND == "jax":
         jax.config.update("jax_default_matmul_precision", args.float32_matmul)
     env = environment(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    cases = [Case(m, p) for m in (SMOKE if args.smoke else FULL) for p in POLICIES]
+    cases = [Case(m, p) for m in (SMOKE if args.smoke else FULL) if m.name in args.models.split(",")
+             for p in POLICIES]
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gpu-speedup-cache-") as cache:
         # Later rounds build the same programs: the cache spares them most of the compile time.
-        jax.config.update("jax_compilation_cache_dir", cache)
+        if BACKEND == "jax":
+            jax.config.update("jax_compilation_cache_dir", cache)
         measure(args, cases, env, notes)
     results, text = write(args, cases, env, notes)
     print(text, end="")
@@ -373,7 +415,7 @@ def write(args: argparse.Namespace, cases: list[Case], env: dict[str, Any],
     payload = {
         "benchmark": "gpu speedup", "smoke": args.smoke, "config": vars(args),
         "environment": env, "cases": results, "notes": notes, "elapsed_s": time.monotonic() - STARTED,
-        "heavy_modules_imported": sorted(m for m in HEAVY_MODULES if m in sys.modules),
+        "heavy_modules_imported": sorted(m for m in HEAVY_MODULES if m in sys.modules and m != BACKEND),
     }
     (args.out / "gpu_speedup.md").write_text(text)
     (args.out / "gpu_speedup.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")

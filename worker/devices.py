@@ -9,9 +9,12 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import keras
 
+from app.core.config import get_settings
+from app.core.errors import JobFailed
 from app.core.formats import ratio_range, speed_words
 from app.core.records import PrecisionSpeed
 
@@ -33,6 +36,8 @@ class DeviceInfo:
     backend: str
     compute_capability: tuple[int, int] | None = None
     cpu_flags: frozenset[str] = field(default_factory=frozenset)
+    count: int = 1
+    """Devices one job can train on here (`training.devices`): the visible GPUs, else the logical CPUs."""
 
     def describe(self) -> dict[str, object]:
         return {
@@ -61,7 +66,50 @@ def _cpu_info() -> tuple[str, frozenset[str]]:
     return name, flags
 
 
-def detect_device() -> DeviceInfo:
+def configure_cpu_devices(count: int) -> int:
+    """Split the CPU into `count` TensorFlow logical devices; returns how many CPU devices there are.
+
+    TensorFlow fixes its devices when it first uses them, so this must come first: the
+    worker calls it (through `detect_device`) before its first job. Later it changes nothing.
+    """
+    if count <= 1 or keras.backend.backend() != "tensorflow":
+        return 1
+    import tensorflow as tf
+
+    try:
+        tf.config.set_logical_device_configuration(
+            tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * count)
+    except RuntimeError:  # already initialised: what is there stays
+        pass
+    return len(tf.config.list_logical_devices("CPU"))
+
+
+def training_devices(count: int) -> list[str]:
+    """The names of the `count` devices a job on that many trains on: GPUs, else logical CPUs."""
+    import tensorflow as tf
+
+    pool = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+    if len(pool) < count:
+        raise JobFailed(f"training.devices={count}, but this worker has {len(pool)} device(s): "
+                        f"{', '.join(d.name for d in pool)}.", None)
+    return [d.name for d in pool[:count]]
+
+
+def distribution(count: int) -> Any:
+    """A `tf.distribute.MirroredStrategy` over this worker's first `count` devices; None for one device."""
+    if count <= 1:
+        return None
+    if keras.backend.backend() != "tensorflow":
+        raise JobFailed(f"training.devices={count} needs the tensorflow backend, not {keras.backend.backend()}.",
+                        None)
+    import tensorflow as tf
+
+    return tf.distribute.MirroredStrategy(training_devices(count))
+
+
+def detect_device(cpu_devices: int | None = None) -> DeviceInfo:
+    """This worker's device kind and count; on a CPU host, first splits the CPU into `cpu_devices`
+    logical devices (default: the CPU_LOGICAL_DEVICES setting)."""
     backend = keras.backend.backend()
     cpu_name, flags = _cpu_info()
     if backend == "tensorflow":
@@ -70,8 +118,11 @@ def detect_device() -> DeviceInfo:
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
             details = tf.config.experimental.get_device_details(gpus[0])
-            return DeviceInfo("gpu", details.get("device_name", "GPU"), backend, details.get("compute_capability"))
-    elif backend == "jax":
+            return DeviceInfo("gpu", details.get("device_name", "GPU"), backend, details.get("compute_capability"),
+                              count=len(gpus))
+        wanted = get_settings().cpu_logical_devices if cpu_devices is None else cpu_devices
+        return DeviceInfo("cpu", cpu_name, backend, None, flags, count=configure_cpu_devices(wanted))
+    if backend == "jax":
         import jax
 
         device = jax.devices()[0]

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from app.core.records import Summary
 from app.core.spec import DynamicLossScale, FixedLossScale, JobSpec, LossScaleMode, PrecisionPolicy
 from worker import checkpoint
 from worker.data import load_dataset
-from worker.devices import DeviceInfo, detect_device, slow_precision_message
+from worker.devices import DeviceInfo, detect_device, distribution, slow_precision_message
 from worker.divergence import DivergenceGuard
 from worker.failures import named_failure
 from worker.float32_check import Float32Check
@@ -103,7 +104,7 @@ def run_job(
     Raises `JobFailed` (with a named reason) for every failure.
     """
     settings = settings or get_settings()
-    device = detect_device()
+    device = detect_device(settings.cpu_logical_devices)
     try:
         return Training(spec, reporter, Path(checkpoint_dir), should_stop, settings, device).run()
     except MpjobsError:
@@ -140,23 +141,28 @@ class Training:
         keras.backend.clear_session(free_memory=False)
         keras.utils.set_random_seed(t.seed)
         on_cpu_tf = device.kind == "cpu" and device.backend == "tensorflow"
-        built: BuiltModel = build_model(spec, on_cpu_tf=on_cpu_tf)
-        self.model = model = built.model
-        if len(model.inputs) != 1 or len(model.outputs) != 1:
-            raise InvalidModel("model must have exactly one input and one output.")
+        # Several devices: model, optimizer and metrics are built in the strategy's scope, so every
+        # variable is mirrored; no XLA, which merge calls cannot run inside (worker/replicas.py).
+        strategy = distribution(t.devices)
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            built: BuiltModel = build_model(spec, on_cpu_tf=on_cpu_tf)
+            self.model = model = built.model
+            if len(model.inputs) != 1 or len(model.outputs) != 1:
+                raise InvalidModel("model must have exactly one input and one output.")
+            self.optimizer = optimizer = make_optimizer(spec)
+            optimizer.penalties = list(built.penalties)
+            # Stateful backends read the data loss and the statistics the optimizer stored in the step
+            # through StepTelemetry; JAX metrics cannot see the optimizer's new state, so there the
+            # BatchLoss metric computes the data loss and the callback reads the trainer's state.
+            metrics: list[keras.metrics.Metric] = ([BatchLoss(built.loss)] if keras.backend.backend() == "jax"
+                                                   else [StepTelemetry(optimizer, built.loss)])
+            model.compile(optimizer=optimizer, loss=built.loss, metrics=metrics, auto_scale_loss=False,
+                          jit_compile="auto" if strategy is None else False)
+            optimizer.build(model.trainable_variables)
         self.dataset = load_dataset(
             spec, tuple(model.input_shape[1:]), tuple(model.output_shape[1:]), built.loss_name,
             settings.data_root, _vocab(model),
         )
-        self.optimizer = optimizer = make_optimizer(spec)
-        optimizer.penalties = list(built.penalties)
-        # Stateful backends read the data loss and the statistics the optimizer stored in the step
-        # through StepTelemetry; JAX metrics cannot see the optimizer's new state, so there the
-        # BatchLoss metric computes the data loss and the callback reads the trainer's state.
-        metrics: list[keras.metrics.Metric] = (
-            [BatchLoss(built.loss)] if keras.backend.backend() == "jax" else [StepTelemetry(optimizer, built.loss)])
-        model.compile(optimizer=optimizer, loss=built.loss, metrics=metrics, auto_scale_loss=False)
-        optimizer.build(model.trainable_variables)
 
         self.fingerprint = spec_fingerprint(spec)
         context = RunContext(
@@ -178,9 +184,10 @@ class Training:
         self.builder = SummaryBuilder(context, summary_state)
         self.writer = checkpoint.CheckpointWriter(out)
         self.check: Float32Check | None = None
-        half = policy.compute_dtype != "float32"
+        # The float32 and layer checks differentiate outside `fit`, on one device: off on several (docs/numerics.md).
+        half = policy.compute_dtype != "float32" and strategy is None
         every = t.underflow_check_every if half else 0
-        layer_every = t.layer_check_every if t.layer_check_every is not None else every
+        layer_every = 0 if strategy is not None else t.layer_check_every if t.layer_check_every is not None else every
         if every > 0 or layer_every > 0:
             twin_spec = spec.model_copy(update={"precision_policy": PrecisionPolicy.FLOAT32})
             self.check = Float32Check(

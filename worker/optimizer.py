@@ -32,6 +32,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from worker.replicas import all_reduce_sum, apply_on_every_replica, replica_context
 from worker.step_vector import GRADS_FINITE, TELEMETRY_FIELDS, ZERO_COUNT_SPLIT, Telemetry
 
 SIGN_COUNT_MAX_ELEMENTS = 2**24
@@ -200,7 +201,8 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
 
     # -- the step ----------------------------------------------------------
 
-    def _measure(self, grads: list[Any], trainable_variables: list[Any]) -> tuple[Any, list[Any], Any]:
+    def _measure(self, grads: list[Any], trainable_variables: list[Any],
+                 total_loss: Any = None) -> tuple[Any, list[Any], Any]:
         """Unscale, measure and decide. Returns (apply?, unscaled grads, telemetry)."""
         scale = ops.convert_to_tensor(1.0, "float32") if self.mode == "none" else ops.cast(self.loss_scale.value,
                                                                                             "float32")
@@ -219,7 +221,8 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         else:
             apply, skipped = finite, ops.logical_not(finite)
         parts = Telemetry(
-            total_loss=self.batch_loss.value, loss_scale=scale, grad_norm=norm, grads_finite=finite, skipped=skipped,
+            total_loss=self.batch_loss.value if total_loss is None else total_loss, loss_scale=scale,
+            grad_norm=norm, grads_finite=finite, skipped=skipped,
             zeros_high=zeros // ZERO_COUNT_SPLIT, zeros_low=zeros % ZERO_COUNT_SPLIT,
             regularization_loss=self._penalty(trainable_variables))
         telemetry = ops.stack([ops.cast(p, "float32") for p in parts])
@@ -245,10 +248,16 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables or [])
             self.built = True
-        apply, unscaled, telemetry = self._measure(list(grads), list(trainable_variables or []))
+        grads, total_loss, replicas = list(grads), None, replica_context()
+        if replicas is not None:  # several replicas: measure the all-reduced gradients (worker/replicas.py)
+            grads, total_loss = all_reduce_sum(replicas, grads, self.batch_loss.value)
+        apply, unscaled, telemetry = self._measure(grads, list(trainable_variables or []), total_loss)
         self.telemetry.assign(telemetry)
         finite = ops.cast(telemetry[GRADS_FINITE], "bool")
-        if self.mode == "none":
+        if replicas is not None:
+            apply_on_every_replica(replicas, self.inner_optimizer, None if self.mode == "none" else apply,
+                                   unscaled, trainable_variables)
+        elif self.mode == "none":
             self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables)
         else:
             ops.cond(

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import keras
+from keras.src.losses.loss import unscale_loss_for_distribution  # not exported
 from keras.src.losses.losses import LossFunctionWrapper  # what compile wraps a function in; not exported
 
 from app.core.records import LayerCheck, StepRecord, Summary
@@ -92,8 +93,11 @@ class BatchLoss(keras.metrics.Metric):
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         assert self._loss_fn is not None
-        # Training uses no sample weights; the Loss reduces as the compiled loss does.
-        self.value.assign(keras.ops.cast(self._loss_fn(y_true, y_pred), "float32"))
+        # Training uses no sample weights; the Loss reduces as the compiled loss does. Under a
+        # tf.distribute strategy a Loss divides by the replica count; `fit` then averages the
+        # replicas' metrics, so each replica keeps its own rows' mean.
+        value = unscale_loss_for_distribution(self._loss_fn(y_true, y_pred))
+        self.value.assign(keras.ops.cast(value, "float32"))
 
     def result(self) -> Any:
         return keras.ops.convert_to_tensor(self.value)  # a tensor, not the Variable (JAX traces this)

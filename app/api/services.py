@@ -60,10 +60,21 @@ def get(store: JobStore, job_id: str, tenant: str, workers: LiveWorkers | None =
     if job is None:
         raise JobNotFound(job_id)
     if workers is not None and job.state is JobState.QUEUED and not workers.count(job.queue):
-        kind = {"gpu": "a GPU worker", "cpu": "a CPU worker"}.get(job.queue, "a worker")
-        return job.model_copy(update={"waiting_reason": (
-            f"No live worker listens on queue '{job.queue}': it waits until {kind} starts (python -m worker).")})
+        return job.model_copy(update={"waiting_reason": _waiting_reason(job.queue)})
     return job
+
+
+def _waiting_reason(queue: str) -> str:
+    """Why a job on `queue` waits when no live worker listens there, and what would take it."""
+    devices = queues.devices_of(queue)
+    kind = queue.partition("-x")[0]
+    if devices == 1:
+        worker = {"gpu": "a GPU worker", "cpu": "a CPU worker"}.get(kind, "a worker")
+        return f"No live worker listens on queue '{queue}': it waits until {worker} starts (python -m worker)."
+    units = {"gpu": f"{devices} GPUs", "cpu": f"{devices} CPU devices"}.get(kind, f"{devices} devices")
+    return (f"No live worker has {units} for this job (training.devices={devices}, queue '{queue}'): it waits "
+            f"until a worker with at least {units} starts (python -m worker; on a CPU host with "
+            f"CPU_LOGICAL_DEVICES={devices}).")
 
 
 class LiveWorkers:

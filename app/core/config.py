@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.core.spec import MAX_DEVICES
+
 MIN_SPEED_ROUNDS = 5
 """Quartiles of fewer per-round ratios say little; even 5 once called an A/A pair different under load."""
 
@@ -51,6 +53,9 @@ class Settings(BaseSettings):
     host_gpus: str = ""
     """This host's GPU indices (`0,1`, or `none`) instead of asking nvidia-smi: where it cannot answer,
     and in tests, which give a CPU machine GPUs to pin slots to. Empty: detected."""
+    cpu_logical_devices: int = Field(1, ge=1, le=MAX_DEVICES)
+    """On a CPU host (TensorFlow), split the CPU into this many devices, so the worker takes jobs with
+    `training.devices` up to it: for testing multi-device jobs without GPUs. 1: the CPU as one device."""
     api_keys: str = ""
     """`key:tenant,...`. Empty: open mode, for a local API bound to 127.0.0.1 only."""
 

@@ -77,6 +77,8 @@ LossScale = Annotated[
 
 UNDERFLOW_CHECK_EVERY = 100
 """The float32 check's default interval: two extra gradient computations per 100 steps."""
+MAX_DEVICES = 16
+"""The most devices one job may train on: the most GPUs one host holds (worker/devices.py)."""
 
 
 class TrainingSpec(Strict):
@@ -95,6 +97,17 @@ class TrainingSpec(Strict):
     """Record every layer's gradient and activation numerics (GET /jobs/{id}/layers) at step 1 and
     every multiple of this step. None: on the float32 check's steps (`underflow_check_every`) under a
     float16/bfloat16 compute policy, and never under float32. 0 turns the layer checks off, at no cost."""
+    devices: int = Field(1, ge=1, le=MAX_DEVICES)
+    """Train on this many devices of one worker with `tf.distribute.MirroredStrategy`, each replica
+    taking `batch_size / devices` rows of every step. Queued only to workers with that many devices."""
+
+    @model_validator(mode="after")
+    def _batch_splits_evenly(self) -> TrainingSpec:
+        if self.batch_size % self.devices:
+            raise ValueError(f"Expected training.batch_size to be a multiple of training.devices, so each "
+                             f"replica gets the same rows. Received: batch_size={self.batch_size}, "
+                             f"devices={self.devices}")
+        return self
 
 
 class SyntheticDataset(Strict):

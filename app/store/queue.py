@@ -1,6 +1,9 @@
-"""RQ queues by device class, and how the API enqueues a training job.
+"""RQ queues by device class and device count, and how the API enqueues a training job.
 
-The API names the task by its import path, so it never imports `worker`.
+A one-device job waits on `gpu`, `cpu` or `any`; a job on N devices
+(`training.devices`) on `gpu-x2`, `cpu-x2` or `any-x2` and so on, which only
+workers with at least N devices listen on. The API names the task by its
+import path, so it never imports `worker`.
 """
 
 from __future__ import annotations
@@ -21,13 +24,32 @@ TIMEOUT_GRACE_S = 60
 RESULT_TTL_S = 7 * 24 * 3600
 
 
+def queue_name(device: str, devices: int = 1) -> str:
+    """`gpu` for one device, `gpu-x2` for two: the queue a job on that many devices waits on."""
+    return device if devices == 1 else f"{device}-x{devices}"
+
+
+def devices_of(queue: str) -> int:
+    """How many devices a job on `queue` trains on: 2 for `gpu-x2`, 1 for `gpu`."""
+    _, _, count = queue.partition("-x")
+    return int(count) if count.isdigit() else 1
+
+
 def queue_for(spec: JobSpec) -> str:
-    return spec.device
+    return queue_name(spec.device, spec.training.devices)
 
 
-def listening_queues(device_kind: str) -> list[str]:
-    """A GPU worker takes `gpu` then `any`; a CPU worker takes `cpu` then `any`."""
-    return [device_kind, "any"]
+def listening_queues(device_kind: str, devices: int = 1) -> list[str]:
+    """The queues a worker with `devices` devices of `device_kind` can serve, widest jobs first.
+
+    A GPU worker takes `gpu` then `any`; a CPU worker `cpu` then `any`. With two devices or more,
+    it first takes the jobs that need them all, then fewer: `gpu-x2`, `any-x2`, `gpu`, `any`.
+
+    >>> listening_queues("cpu", 2)
+    ['cpu-x2', 'any-x2', 'cpu', 'any']
+    """
+    return [name for n in range(max(devices, 1), 0, -1) for name in (queue_name(device_kind, n),
+                                                                       queue_name("any", n))]
 
 
 def job_timeout(spec: JobSpec) -> int:

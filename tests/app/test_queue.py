@@ -16,7 +16,7 @@ from rq import Queue
 from rq.job import Job
 
 from app.core.spec import JobSpec
-from app.store.queue import enqueue
+from app.store.queue import devices_of, enqueue, listening_queues
 from tests.stack import RedisServer
 
 GRACE_S = 60
@@ -68,3 +68,14 @@ def test_a_retry_keeps_the_timeout_under_its_own_rq_job_id(rq_redis: Redis) -> N
     retry = enqueued(rq_redis, spec, "retried", rq_job_id="retried-attempt-2")
     assert retry.id == "retried-attempt-2" and retry.args == ("retried",)
     assert retry.timeout == 90 + GRACE_S
+
+
+def test_a_job_on_two_devices_waits_on_a_queue_only_two_device_workers_take(rq_redis: Redis) -> None:
+    job = enqueued(rq_redis, {"model": {"name": "mlp"}, "device": "gpu", "training": {"devices": 2}}, "pair")
+    assert job.origin == "gpu-x2" and "pair" in Queue("gpu-x2", connection=rq_redis).job_ids
+    assert devices_of("gpu-x2") == 2 and devices_of("gpu") == 1 and devices_of("any-x16") == 16
+    # A worker with N devices serves every job of up to N, the widest first; one device, as before.
+    assert listening_queues("gpu") == ["gpu", "any"]
+    assert listening_queues("gpu", 2) == ["gpu-x2", "any-x2", "gpu", "any"]
+    assert "gpu-x2" not in listening_queues("gpu", 1) and "cpu-x2" not in listening_queues("gpu", 4)
+    assert listening_queues("cpu", 3)[:2] == ["cpu-x3", "any-x3"]

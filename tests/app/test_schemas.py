@@ -89,6 +89,18 @@ def test_training_fields_are_bounded(field: str, value: int) -> None:
     assert only_error({"model": MLP, "training": {field: value}})[0] == f"training.{field}"
 
 
+@pytest.mark.parametrize("devices", [0, 17, 1000])
+def test_devices_name_the_allowed_range(devices: int) -> None:
+    where, message = only_error({"model": MLP, "training": {"devices": devices}})
+    assert where == "training.devices" and ("1" if devices < 1 else "16") in message
+
+
+def test_the_batch_must_split_evenly_over_the_devices() -> None:
+    where, message = only_error({"model": MLP, "training": {"devices": 3, "batch_size": 32}})
+    assert where == "training" and "batch_size=32, devices=3" in message
+    assert JobSpec.model_validate({"model": MLP, "training": {"devices": 4, "batch_size": 32}}).training.devices == 4
+
+
 def _keras_json(layers: list[dict[str, Any]]) -> str:
     return json.dumps({"module": "keras", "class_name": "Sequential",
                        "config": {"name": "s", "layers": layers}})

@@ -158,6 +158,7 @@ BAD_SPECS = [
     ({"model": {"name": "mlp"}, "precision_policy": "fp8"}, ["body", "precision_policy"]),
     ({"model": {"name": "mlp"}, "loss_scale": "sometimes"}, ["body", "loss_scale"]),
     ({"model": {"name": "mlp"}, "training": {"learning_rate": -1}}, ["body", "training", "learning_rate"]),
+    ({"model": {"name": "mlp"}, "training": {"devices": 64}}, ["body", "training", "devices"]),
     ({"model": {"name": "resnet"}}, ["body", "model"]),
     ({"model": {"name": "mlp"}, "dataset": {"kind": "npz", "path": "../../etc/passwd"}},
      ["body", "dataset", "npz", "path"]),
@@ -266,6 +267,16 @@ def test_a_job_no_worker_can_take_says_why(stack: Stack, client: httpx.Client) -
     assert job["state"] == "queued"
     assert "queue 'gpu'" in job["waiting_reason"] and "GPU worker" in job["waiting_reason"]
     assert not r.sismember("rq:workers:gpu", "rq:worker:killed-gpu-worker")
+    assert client.delete(f"/jobs/{job_id}").json()["state"] == "canceled"
+
+
+def test_a_job_on_more_devices_than_any_worker_has_says_why(stack: Stack, client: httpx.Client) -> None:
+    # The stack's worker has one CPU device: it listens on `cpu` and `any`, never on `any-x2`.
+    job_id = submit(client, 5, training={"steps": 5, "devices": 2})
+    time.sleep(1.1)  # past the API's one-second reuse of a queue's worker count
+    job = client.get(f"/jobs/{job_id}").json()
+    assert job["state"] == "queued" and job["queue"] == "any-x2"
+    assert job["waiting_reason"].startswith("No live worker has 2 devices for this job (training.devices=2")
     assert client.delete(f"/jobs/{job_id}").json()["state"] == "canceled"
 
 

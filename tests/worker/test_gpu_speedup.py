@@ -73,3 +73,21 @@ def test_smoke_run_reports_every_case_without_the_service_stack(tmp_path: Path) 
     assert cases[0]["flops_per_step"] == expected
     assert [c["goal"] != "" for c in cases] == [False, True, True, False, False, False]
     assert "Goal (transformer, each mixed policy >= 2.5x float32)" in table
+
+
+def test_smoke_run_trains_each_job_on_two_devices(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["--smoke", "--devices", "2", "--models", "cnn", "--warmup", "1", "--steps", "2", "--windows", "1"]
+    done = subprocess.run([sys.executable, "-m", "bench.gpu_speedup", *args, "--out", str(out)],
+                          capture_output=True, text=True, env={**env(), "TF_CPP_MIN_LOG_LEVEL": "2"}, cwd=ROOT,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    data: dict[str, Any] = json.loads((out / "gpu_speedup.json").read_text())
+    assert data["environment"]["keras_backend"] == "tensorflow"
+    assert len(data["environment"]["devices"]) == 2 and data["environment"]["devices_per_job"] == 2
+    assert [c["policy"] for c in data["cases"]] == ["float32", "mixed_float16", "mixed_bfloat16"]
+    for case in data["cases"]:
+        assert case["devices"] == 2 and case["batch_size"] == 16  # 8 rows on each device
+        assert [run["error"] for run in case["runs"]] == [None] and case["step_time_ms"] > 0
+    table = (out / "gpu_speedup.md").read_text()
+    assert "2 devices per job" in table and "Goal (" not in table  # no transformer, no goal to judge

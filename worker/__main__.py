@@ -88,11 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     from worker.devices import detect_device
 
     device = detect_device()
-    queues = listening_queues(device.kind)
+    queues = listening_queues(device.kind, device.count)  # N-device jobs too, up to this slot's devices
     log.info("device: %s; listening on %s", device.describe(), queues)
     redis = Redis.from_url(settings.redis_url)
     Reaper(settings, redis).start()
-    slot = "" if args.slot is None else f".gpu{args.slot}"  # the RQ worker's name says which GPU it has
+    # The RQ worker's name says which GPU(s) it has: .gpu1, or .gpu0+1 for a slot with two.
+    slot = "" if args.slot is None else f".gpu{args.slot.replace(',', '+')}"
     worker = TrainingWorker(queues, connection=redis, name=f"{socket.gethostname()}.{os.getpid()}{slot}",
                             heartbeat_interval_s=settings.heartbeat_interval_s)
     worker.work(burst=args.burst, with_scheduler=False, logging_level="INFO")

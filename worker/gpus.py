@@ -68,20 +68,27 @@ def _tensorflow_gpus() -> list[str]:
 
 
 def chosen_gpus(worker_gpus: str, host_gpus: list[str] | str) -> list[str]:
-    """The GPUs that get a slot: every one of `host_gpus` for `all`, else those WORKER_GPUS names,
-    each of which the host must have."""
+    """The job slots, each as the CUDA_VISIBLE_DEVICES it gets: one per GPU of `host_gpus` for `all`,
+    else one per entry of WORKER_GPUS, where `0+1` is one slot with two GPUs (for jobs with
+    `training.devices: 2`). Every GPU named must be the host's, and in one slot only.
+
+    >>> chosen_gpus("0+1,2", host_gpus="0,1,2,3")
+    ['0,1', '2']
+    """
     present = parse_indices(host_gpus, "HOST_GPUS") if isinstance(host_gpus, str) else host_gpus
     if worker_gpus.strip() == "all":
         return present
-    wanted = parse_indices(worker_gpus, "WORKER_GPUS")
-    if not wanted:
-        raise ValueError(f"Expected `all` or GPU indices such as `0,1`. Received: WORKER_GPUS={worker_gpus}")
+    slots = [parse_indices(group.replace("+", ","), "WORKER_GPUS") for group in worker_gpus.split(",")]
+    wanted = [gpu for slot in slots for gpu in slot]
+    if not wanted or not all(slots) or len(set(wanted)) != len(wanted):
+        raise ValueError("Expected `all`, or GPU indices such as `0,1` (a slot each), `0+1` for one slot with "
+                         f"both, each GPU once. Received: WORKER_GPUS={worker_gpus}")
     missing = [gpu for gpu in wanted if gpu not in present]
     if missing:
         have = ", ".join(present) if present else "none"
         raise ValueError(f"WORKER_GPUS={worker_gpus} names GPU {', '.join(missing)}, which this host does not "
                          f"have. Expected `all` or some of its GPUs: {have}")
-    return wanted
+    return [",".join(slot) for slot in slots]
 
 
 def pinned_gpus() -> list[str]:

@@ -31,11 +31,21 @@ def test_all_takes_every_gpu_of_the_host_and_a_list_takes_those() -> None:
     assert chosen_gpus(" 2, 0 ", ["0", "1", "2"]) == ["2", "0"]
 
 
+EXPECTED = ("Expected `all`, or GPU indices such as `0,1` (a slot each), `0+1` for one slot with both, each GPU "
+            "once.")
+
+
+def test_a_slot_can_hold_several_gpus() -> None:
+    assert chosen_gpus("0+1,3", "0,1,2,3") == ["0,1", "3"]
+    assert chosen_gpus("2+0", ["0", "1", "2"]) == ["2,0"]
+
+
 @pytest.mark.parametrize(("worker_gpus", "message"), [
     ("3", "WORKER_GPUS=3 names GPU 3, which this host does not have. Expected `all` or some of its GPUs: 0, 1"),
-    ("0,0", "Expected `all` or distinct GPU indices such as `0,1`. Received: WORKER_GPUS=0,0"),
+    ("0,0", f"{EXPECTED} Received: WORKER_GPUS=0,0"),
+    ("0+1,1", f"{EXPECTED} Received: WORKER_GPUS=0+1,1"),
     ("gpu0", "Expected `all` or distinct GPU indices such as `0,1`. Received: WORKER_GPUS=gpu0"),
-    ("none", "Expected `all` or GPU indices such as `0,1`. Received: WORKER_GPUS=none"),
+    ("none", f"{EXPECTED} Received: WORKER_GPUS=none"),
 ])
 def test_a_worker_gpus_the_host_cannot_give_is_refused_by_name(worker_gpus: str, message: str) -> None:
     with pytest.raises(ValueError) as error:

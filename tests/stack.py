@@ -124,10 +124,10 @@ class Stack:
         return supervisor
 
     def slot_names(self) -> list[str]:
-        """The RQ names of the live GPU slots on this host: `{host}.{pid}.gpu{n}`."""
+        """The RQ names of the live GPU slots on this host: `{host}.{pid}.gpu{n}` (`gpu0+1` for a slot with two)."""
         prefix = f"rq:worker:{socket.gethostname()}."
         return [key.removeprefix("rq:worker:") for key in self.redis.client().scan_iter(f"{prefix}*.gpu*")
-                if re.fullmatch(r"\d+\.gpu\d+", key.removeprefix(prefix))]  # not RQ's `{name}:executions`
+                if re.fullmatch(r"\d+\.gpu\d+(\+\d+)*", key.removeprefix(prefix))]  # not RQ's `{name}:executions`
 
     def stop(self) -> None:
         for process in [*self.workers, self.api]:

@@ -98,6 +98,25 @@ def test_a_killed_slot_is_restarted_and_its_job_resumes(slots: Slots) -> None:
     assert f"slot gpu{gpu} (pid {pid}) died with signal SIGKILL" in log
 
 
+def test_a_slot_with_two_gpus_takes_the_jobs_on_two_devices(slots: Slots) -> None:
+    stack, _ = slots
+    # GPUs 2 and 3 as one slot; on this CPU machine its two devices are the CPU split in two.
+    pair = stack.start_supervisor("2,3", WORKER_GPUS="2+3", CPU_LOGICAL_DEVICES="2")
+    try:
+        with stack.client() as client:
+            spec = {**SHORT, "training": {"steps": 6, "batch_size": 16, "devices": 2}}
+            job_id = client.post("/jobs", json=spec).json()["id"]
+            job = stack.wait_for_state(client, job_id, TERMINAL)
+            assert job["state"] == "succeeded", job["error"]
+            assert job["queue"].endswith("-x2") and job["worker"]["gpus"] == ["2", "3"]
+            assert parent(job["worker"]["pid"]) == pair.pid  # not one of the one-GPU slots listening beside it
+            assert environ(job["worker"]["pid"])["CUDA_VISIBLE_DEVICES"] == "2,3"
+            assert [p["step"] for p in client.get(f"/jobs/{job_id}/metrics").json()["points"]] == list(range(1, 7))
+    finally:
+        pair.send_signal(signal.SIGTERM)
+        assert pair.wait(60) == 0
+
+
 def test_sigterm_lets_each_slot_finish_its_job_then_stops_them_all(slots: Slots) -> None:
     stack, supervisor = slots
     with stack.client() as client:

@@ -273,8 +273,9 @@ def test_a_job_no_worker_can_take_says_why(stack: Stack, client: httpx.Client) -
 def test_a_job_on_more_devices_than_any_worker_has_says_why(stack: Stack, client: httpx.Client) -> None:
     # The stack's worker has one CPU device: it listens on `cpu` and `any`, never on `any-x2`.
     job_id = submit(client, 5, training={"steps": 5, "devices": 2})
-    time.sleep(1.1)  # past the API's one-second reuse of a queue's worker count
-    job = client.get(f"/jobs/{job_id}").json()
+    # The API reuses a queue's worker count for a second: await the reason rather than assume when it shows.
+    job = wait_until(lambda: (j := client.get(f"/jobs/{job_id}").json())["waiting_reason"] and j, 10,
+                     "the job's waiting reason")
     assert job["state"] == "queued" and job["queue"] == "any-x2"
     assert job["waiting_reason"].startswith("No live worker has 2 devices for this job (training.devices=2")
     assert client.delete(f"/jobs/{job_id}").json()["state"] == "canceled"

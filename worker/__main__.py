@@ -15,6 +15,7 @@ engine warm; a heartbeat thread keeps RQ's registries alive during long jobs
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import socket
@@ -88,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     from worker.devices import detect_device
 
     device = detect_device()
+    # Everything loaded so far (TensorFlow, Keras, the engine) lives as long as the process: move it out
+    # of the collector's sight, so the full collection after each job (release_memory) scans only what
+    # jobs made: 0.3 s -> 0.02 s per job here.
+    gc.collect()
+    gc.freeze()
     queues = listening_queues(device.kind, device.count)  # N-device jobs too, up to this slot's devices
     log.info("device: %s; listening on %s", device.describe(), queues)
     redis = Redis.from_url(settings.redis_url)

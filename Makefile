@@ -29,8 +29,10 @@ chromium:
 	@(command -v chromium >/dev/null && command -v chromedriver >/dev/null) || \
 		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
 
+# Two test processes, a file each at a time (module fixtures stay whole): the service tests spend much of
+# their time waiting on workers in other processes, so the suite takes about 11 minutes here, not 18.
 test: install redis-server chromium bench-tools lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 lint: install
 	$(VENV)/bin/ruff check app worker tests bench

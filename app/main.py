@@ -19,7 +19,14 @@ from app.api.limits import BodySizeLimit
 from app.api.routes import comparisons, dashboard, health, jobs, layers, metrics, prometheus
 from app.api.services import LiveWorkers
 from app.core.config import Settings, get_settings
-from app.core.errors import IdempotencyConflict, JobNotFound, MpjobsError, ServiceUnavailable, Unauthorized
+from app.core.errors import (
+    IdempotencyConflict,
+    JobNotFound,
+    MpjobsError,
+    ServiceUnavailable,
+    SpecRefused,
+    Unauthorized,
+)
 from app.store import JobStore
 
 log = logging.getLogger("mpjobs.api")
@@ -81,6 +88,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         code = _status_of(exc)
         headers = {"WWW-Authenticate": "Bearer"} if code == status.HTTP_401_UNAUTHORIZED else None
         return JSONResponse({"detail": str(exc)}, status_code=code, headers=headers)
+
+    @app.exception_handler(SpecRefused)
+    async def refused(request: Request, exc: SpecRefused) -> JSONResponse:
+        # The shape of a validation error: a client handles a deployment limit like a bad field.
+        detail = [{"type": "limit_exceeded", "loc": ["body", *exc.loc], "msg": exc.message}]
+        return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -56,6 +56,14 @@ class Settings(BaseSettings):
     cpu_logical_devices: int = Field(1, ge=1, le=MAX_DEVICES)
     """On a CPU host (TensorFlow), split the CPU into this many devices, so the worker takes jobs with
     `training.devices` up to it: for testing multi-device jobs without GPUs. 1: the CPU as one device."""
+    max_job_seconds: int = Field(24 * 3600, ge=1)
+    """The longest any attempt may run, from the moment a worker takes it (model build, data, training,
+    speed check): a spec's `training.max_seconds` may be lower, never higher (the API refuses it), and a
+    spec without one gets this. The job then fails with reason `timeout`, its last checkpoint kept."""
+    max_model_bytes: int = Field(16 * 2**30, ge=1)
+    """The API refuses (422) a built-in model whose estimated training memory (weights, gradients,
+    optimizer slots and activations) exceeds this; the worker also checks a built model against its
+    own free memory before training."""
     api_keys: str = ""
     """`key:tenant,...`. Empty: open mode, for a local API bound to 127.0.0.1 only."""
 

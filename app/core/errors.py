@@ -9,11 +9,13 @@ Error tree::
     ├── ServiceUnavailable   HTTP 503 (Redis unreachable)
     ├── Unauthorized         HTTP 401
     ├── IdempotencyConflict  HTTP 409
+    ├── SpecRefused          HTTP 422 (valid, but over a deployment limit)
     └── JobFailed            a job ended with a named FailureReason
         ├── InvalidModel         reason=invalid_model
         ├── InvalidDataset       reason=invalid_dataset
         ├── Diverged             reason=diverged
         ├── TimedOut             reason=timeout
+        ├── OutOfMemory          reason=out_of_memory
         └── UnsupportedPrecision reason=unsupported_precision_on_device
 
 Lower-layer errors (TensorFlow, Keras, OS) are mapped to these in one place per
@@ -34,6 +36,7 @@ class FailureReason(StrEnum):
     DIVERGED = "diverged"
     UNSUPPORTED_PRECISION_ON_DEVICE = "unsupported_precision_on_device"
     TIMEOUT = "timeout"
+    OUT_OF_MEMORY = "out_of_memory"
     CANCELED = "canceled"
     WORKER_LOST = "worker_lost"
     INTERNAL = "internal"
@@ -72,6 +75,18 @@ class IdempotencyConflict(MpjobsError):
         super().__init__("This Idempotency-Key was already used with a different job spec.")
 
 
+class SpecRefused(MpjobsError):
+    """A spec that validates but exceeds this deployment's limits: answered 422, like a bad field.
+
+    `loc` is the field's path in the body, e.g. ("training", "max_seconds").
+    """
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+
 class JobFailed(MpjobsError):
     """A job cannot continue. `reason` is machine-readable, `message` is advice."""
 
@@ -101,6 +116,10 @@ class Diverged(JobFailed):
 
 class TimedOut(JobFailed):
     reason = FailureReason.TIMEOUT
+
+
+class OutOfMemory(JobFailed):
+    reason = FailureReason.OUT_OF_MEMORY
 
 
 class UnsupportedPrecision(JobFailed):

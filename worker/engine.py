@@ -30,7 +30,8 @@ from worker.devices import DeviceInfo, detect_device, distribution, slow_precisi
 from worker.divergence import DivergenceGuard
 from worker.failures import named_failure
 from worker.float32_check import Float32Check
-from worker.lifecycle import Checkpointer, StopControl
+from worker.interrupt import phase, set_phase
+from worker.lifecycle import Checkpointer, StopControl, TimeLimit
 from worker.models import BuiltModel, build_model
 from worker.optimizer import TelemetryOptimizer
 from worker.recorder import StepRecorder
@@ -97,16 +98,19 @@ def run_job(
     checkpoint_dir: Path,
     should_stop: Callable[[], bool] = never,
     settings: Settings | None = None,
+    limit: TimeLimit | None = None,
 ) -> RunResult:
-    """Train `spec` to its last step, or until `should_stop()` is true.
+    """Train `spec` to its last step, or until `should_stop()` is true or `limit` runs out.
 
     Resumes from `checkpoint_dir` when it holds a checkpoint of the same spec.
-    Raises `JobFailed` (with a named reason) for every failure.
+    Raises `JobFailed` (with a named reason) for every failure. `limit`: by default
+    the spec's `training.max_seconds`, at most the MAX_JOB_SECONDS setting, from now.
     """
     settings = settings or get_settings()
+    limit = limit or TimeLimit.of(spec, settings)
     device = detect_device(settings.cpu_logical_devices)
     try:
-        return Training(spec, reporter, Path(checkpoint_dir), should_stop, settings, device).run()
+        return Training(spec, reporter, Path(checkpoint_dir), should_stop, settings, device, limit).run()
     except MpjobsError:
         raise
     except Exception as exc:
@@ -131,10 +135,13 @@ class Training:
         should_stop: Callable[[], bool],
         settings: Settings,
         device: DeviceInfo,
+        limit: TimeLimit | None = None,
     ) -> None:
         t, policy = spec.training, spec.precision_policy
         self.spec, self.reporter, self.out, self.device, self.settings = spec, reporter, out, device, settings
         self.should_stop = should_stop
+        self.limit = limit or TimeLimit.of(spec, settings)
+        set_phase("building the model")
         # A worker runs many jobs in one process: drop the last job's graphs and layer names. Without
         # a full garbage collection (a quarter second in a process holding TensorFlow): the worker
         # already runs one when each job ends (release_memory), and nothing here needs it sooner.
@@ -159,10 +166,12 @@ class Training:
             model.compile(optimizer=optimizer, loss=built.loss, metrics=metrics, auto_scale_loss=False,
                           jit_compile="auto" if strategy is None else False)
             optimizer.build(model.trainable_variables)
+        set_phase("preparing the data")
         self.dataset = load_dataset(
             spec, tuple(model.input_shape[1:]), tuple(model.output_shape[1:]), built.loss_name,
             settings.data_root, _vocab(model),
         )
+        set_phase("restoring the checkpoint")
 
         self.fingerprint = spec_fingerprint(spec)
         context = RunContext(
@@ -203,7 +212,7 @@ class Training:
             layer_checks=None if self.check is None else self.check.layer_results,
         )
         self.divergence = DivergenceGuard(self.recorder, self.builder)
-        self.stop = StopControl(should_stop, t.max_seconds)
+        self.stop = StopControl(should_stop, self.limit)
         # In this order: each step is recorded, judged, maybe checkpointed, then maybe stopped.
         self.callbacks: list[keras.callbacks.Callback] = [
             self.recorder, self.divergence, Checkpointer(self.recorder, t.checkpoint_every, self.save_checkpoint),
@@ -211,6 +220,7 @@ class Training:
 
     def run(self) -> RunResult:
         """Every segment through `fit` until one says stop, then `finish`: what `run_job` does."""
+        set_phase("training")
         try:
             for x, y in self.segments():
                 if not self.fit(x, y):
@@ -248,8 +258,10 @@ class Training:
 
     def _check_speed(self) -> None:
         """Time policies against float32 in turns (worker.speed) into the summary."""
-        check_after_run(self.spec, self.device, self.settings, self.dataset, self.builder.steps_done - self.start,
-                        self.builder, make_optimizer, self.should_stop)
+        with phase("measuring speed against float32"):  # out of time: abandoned, the job has trained
+            check_after_run(self.spec, self.device, self.settings, self.dataset,
+                            self.builder.steps_done - self.start, self.builder, make_optimizer,
+                            lambda: self.should_stop() or self.limit.passed())
 
     def close(self) -> None:
         """Wait for the checkpoint writer (after a failure in `fit`)."""
@@ -258,6 +270,7 @@ class Training:
     def finish(self) -> RunResult:
         """Report the last steps, write the last checkpoint and the model; raise the job's failure if any."""
         builder, t, failure = self.builder, self.spec.training, self.divergence.failure
+        set_phase("saving")
         try:
             self.recorder.publish()
             unsaved = builder.steps_done != self.start and builder.steps_done % t.checkpoint_every
@@ -270,12 +283,11 @@ class Training:
         if failure is not None:
             error = Diverged(failure.message + checkpoint.keep_last_good(self.model, self.out))
         elif self.stop.timed_out:
-            error = TimedOut(
-                f"training.max_seconds={t.max_seconds} ran out at step {builder.steps_done} of {t.steps}. "
-                "The checkpoint of that step is kept: resubmit with a larger limit to continue from it."
-            )
+            error = TimedOut(self.limit.message(f"at step {builder.steps_done} of {t.steps}") + " The checkpoint "
+                             "of that step is kept: resubmit with a larger limit to continue from it.")
         elif not self.stop.stopped:
-            model_path = checkpoint.save_model(self.model, self.out)
+            with phase("saving the model"):
+                model_path = checkpoint.save_model(self.model, self.out)
             self._check_speed()
         self.recorder.publish(final=True)
         if error is not None:

@@ -20,7 +20,7 @@ from redis import Redis
 
 from app.core import clock
 from app.core.config import Settings, get_settings
-from app.core.errors import FailureReason, JobFailed
+from app.core.errors import FailureReason, JobFailed, TimedOut
 from app.core.job import JobState
 from app.core.spec import JobSpec
 from app.store import JobStore
@@ -28,6 +28,8 @@ from worker import checkpoint
 from worker.devices import detect_device
 from worker.engine import release_memory, run_job
 from worker.gpus import pinned_gpus
+from worker.interrupt import CancelInterrupt, DeadlineInterrupt, Interrupted, Interrupter, current_phase, set_phase
+from worker.lifecycle import TimeLimit
 from worker.reporter import RedisReporter
 from worker.telemetry import FanOut
 from worker.tensorboard import LOGDIR as TENSORBOARD_LOGDIR
@@ -42,15 +44,36 @@ REDIS_OUTAGE_BUDGET_S = 120.0
 """How long a finished attempt keeps retrying to record its end while Redis is unreachable."""
 LEASE_RENEWALS = 6
 """Renewals per lease period: a lease survives several missed renewals (a GC pause, a Redis blip)."""
+GRACEFUL_PHASES = frozenset({"training", "saving", "saving the model", "measuring speed against float32"})
+"""Phases that stop by themselves when asked (after the step, with a checkpoint; between speed-check
+pieces) or end soon. Outside them (building the model, preparing the data, restoring a checkpoint)
+a cancel or the time limit interrupts the attempt at once."""
+CANCEL_GRACE_S = 2.0
+"""A canceled attempt in a graceful phase that has not stopped this long after the request is interrupted."""
+DEADLINE_GRACE_S = 10.0
+"""Likewise past its time limit; longer, so that a long step in progress can end and be checkpointed."""
+STUCK_S = 60.0
+"""An interrupted attempt still running this long after (one C++ call that never returns) ends
+the worker process: its job is recorded as ended first, and the supervisor or the container's
+restart policy starts a fresh worker."""
+STUCK_EXIT_CODE = 70
 
 
 class AttemptWatcher:
-    """On a thread: polls the cancel flag and renews the attempt's lease, so the
-    training step never waits on Redis and a dead worker's lease runs out."""
+    """On a thread: polls the cancel flag, renews the attempt's lease and publishes its phase, so the
+    training step never waits on Redis and a dead worker's lease runs out. A cancel or the time
+    limit the attempt does not honour by itself within a grace period is raised in its thread
+    (worker/interrupt.py); one it still does not honour ends the process (`on_stuck`)."""
 
-    def __init__(self, store: JobStore, job_id: str, owner: str, lease_s: float) -> None:
+    def __init__(self, store: JobStore, job_id: str, owner: str, lease_s: float, limit: TimeLimit | None = None,
+                 interrupter: Interrupter | None = None,
+                 on_stuck: Callable[[type[Interrupted]], None] | None = None) -> None:
         self.store, self.job_id, self.owner, self.lease_s = store, job_id, owner, lease_s
+        self.limit, self.interrupter, self.on_stuck = limit, interrupter, on_stuck
         self.cancel_requested = threading.Event()
+        self._canceled_at: float | None = None
+        self._interrupted_at: float | None = None
+        self._published_phase: str | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name=f"attempt-{job_id}", daemon=True)
 
@@ -58,17 +81,44 @@ class AttemptWatcher:
         renew_every, renewed = self.lease_s / LEASE_RENEWALS, time.monotonic()
         failing = False
         while not self._done.wait(CANCEL_POLL_S):
+            self._enforce()  # first, and without Redis: a Redis outage must not shield a stuck attempt
             try:
                 if time.monotonic() - renewed >= renew_every:
                     self.store.renew_lease(self.job_id, self.owner, self.lease_s)
                     renewed = time.monotonic()
                 if not self.cancel_requested.is_set() and self.store.cancel_requested(self.job_id):
+                    self._canceled_at = time.monotonic()
                     self.cancel_requested.set()
+                now_phase = current_phase()
+                if now_phase != self._published_phase:
+                    self.store.set_fields(self.job_id, phase=now_phase)
+                    self._published_phase = now_phase
                 failing = False
             except Exception as exc:  # A Redis blip must not kill training; try again next poll.
                 if not failing:
                     log.warning("attempt watch for %s failing, retrying: %s", self.job_id, exc)
                 failing = True
+
+    def _enforce(self) -> None:
+        """Interrupt an attempt past its grace period; end the process if that did not stop it."""
+        if self.interrupter is None:
+            return
+        now = time.monotonic()
+        if self._interrupted_at is not None:
+            if self.interrupter.inside and now - self._interrupted_at > STUCK_S and self.on_stuck is not None:
+                assert self.interrupter.sent is not None
+                self.on_stuck(self.interrupter.sent)
+            return
+        graceful = current_phase() in GRACEFUL_PHASES
+        kind: type[Interrupted] | None = None
+        if self._canceled_at is not None and now - self._canceled_at > (CANCEL_GRACE_S if graceful else 0):
+            kind = CancelInterrupt
+        elif self.limit is not None and now > self.limit.deadline + (DEADLINE_GRACE_S if graceful else 0):
+            kind = DeadlineInterrupt
+        if kind is not None and self.interrupter.interrupt(kind):
+            self._interrupted_at = now
+            log.warning("job %s: %s while %s; interrupted", self.job_id,
+                        "canceled" if kind is CancelInterrupt else "out of time", self.interrupter.where)
 
     def __enter__(self) -> AttemptWatcher:
         self._thread.start()
@@ -117,9 +167,11 @@ def _attempt(store: JobStore, job_id: str, settings: Settings) -> str:
         if now_state is not None and now_state.terminal:
             store.drop_lease(job_id)  # canceled while this worker took it: no attempt runs it
         return f"skipped: {now_state.value if now_state else 'missing'}"
+    limit = TimeLimit.of(job.spec, settings)  # from the moment this worker took the job
     try:
-        return _train(store, job_id, job.spec, out, owner, settings, resume_from)
+        return _train(store, job_id, job.spec, out, owner, settings, resume_from, limit)
     finally:
+        set_phase("starting")
         release_memory()  # a canceled or failed job leaves no model in the worker
         _through_outage(lambda: store.drop_lease(job_id))
 
@@ -139,18 +191,31 @@ def _through_outage(write: Callable[[], T]) -> T:
 
 
 def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, settings: Settings,
-           resume_from: int) -> str:
+           resume_from: int, limit: TimeLimit) -> str:
     board = TensorBoardReporter(out / TENSORBOARD_LOGDIR, resume_step=resume_from,
                                 description=describe(job_id, spec))
     steps = RedisReporter(store, job_id)
     reporter = FanOut(steps, board)
-    with AttemptWatcher(store, job_id, owner, settings.lease_s) as watcher:
+    interrupter = Interrupter()
+    with AttemptWatcher(store, job_id, owner, settings.lease_s, limit, interrupter,
+                        on_stuck=lambda kind: _abandon(store, job_id, kind, interrupter.where, limit)) as watcher:
         try:
             try:
-                result = run_job(spec, reporter=reporter, checkpoint_dir=out,
-                                 should_stop=watcher.cancel_requested.is_set, settings=settings)
+                with interrupter:
+                    result = run_job(spec, reporter=reporter, checkpoint_dir=out, limit=limit,
+                                     should_stop=watcher.cancel_requested.is_set, settings=settings)
             finally:
                 _drain(steps)  # whatever the job's last transition is, its steps are stored first
+        except CancelInterrupt:
+            where = interrupter.where
+            _through_outage(lambda: store.transition(
+                job_id, JobState.CANCELED, [JobState.RUNNING], f"canceled while {where}",
+                error={"reason": FailureReason.CANCELED.value, "message": f"Canceled while {where}."}))
+            return "canceled"
+        except DeadlineInterrupt:
+            timed_out = TimedOut(limit.message(f"while {interrupter.where}"))
+            _fail(store, job_id, timed_out.reason.value, timed_out.message)
+            return f"failed: {timed_out.reason.value}"
         except JobFailed as exc:
             _fail(store, job_id, exc.reason.value, exc.message)
             return f"failed: {exc.reason.value}"
@@ -171,6 +236,22 @@ def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, s
         summary=result.summary.model_dump_json()))
     _through_outage(lambda: store.count_diagnoses(job_id, [d.code for d in result.summary.diagnoses]))
     return "succeeded"
+
+
+def _abandon(store: JobStore, job_id: str, kind: type[Interrupted], where: str, limit: TimeLimit) -> None:
+    """The attempt ignored its interrupt for STUCK_S: record how the job ended, then end this process."""
+    log.critical("job %s did not stop within %.0f s of its interrupt while %s; the worker exits (code %d) "
+                 "and is restarted", job_id, STUCK_S, where, STUCK_EXIT_CODE)
+    try:
+        if kind is CancelInterrupt:
+            store.transition(job_id, JobState.CANCELED, [JobState.RUNNING], f"canceled while {where}",
+                             error={"reason": FailureReason.CANCELED.value, "message": f"Canceled while {where}."})
+        else:
+            _fail(store, job_id, FailureReason.TIMEOUT.value, limit.message(f"while {where}"))
+        store.drop_lease(job_id)
+    finally:
+        logging.shutdown()
+        os._exit(STUCK_EXIT_CODE)
 
 
 def _drain(steps: RedisReporter) -> None:

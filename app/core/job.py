@@ -69,6 +69,10 @@ class Job(BaseModel):
     """Why a queued job is not starting, when no live worker listens on its queue."""
     comparison_id: str | None = None
     """The precision comparison this job is one variant of."""
+    phase: str | None = None
+    """What a running job's attempt is doing: "building the model", "preparing the data", "training",
+    "saving the model", "measuring speed against float32"... (published within a quarter second). None
+    unless running."""
 
 
 class MetricsPage(BaseModel):

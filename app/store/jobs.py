@@ -118,6 +118,7 @@ class JobRecords(RedisBacked):
             attempt=int(raw["attempt"]),
             worker=WorkerInfo.model_validate_json(raw["worker"]) if raw.get("worker") else None,
             comparison_id=raw.get("comparison"),
+            phase=raw.get("phase") if raw["state"] == JobState.RUNNING.value else None,
         )
 
     def list(self, tenant: str, state: JobState | None, limit: int, cursor: int | None

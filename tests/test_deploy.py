@@ -87,4 +87,7 @@ def test_env_example_lists_every_setting() -> None:
 
     listed = {line.split("=")[0] for line in (ROOT / ".env.example").read_text().splitlines()
               if line and not line.startswith("#")}
-    assert listed == {name.upper() for name in Settings.model_fields}
+    run_stack = {"PORT", "HOST", "REDIS_PORT"}  # read by scripts/run-stack.sh only
+    assert listed == {name.upper() for name in Settings.model_fields} | run_stack
+    script = (ROOT / "scripts/run-stack.sh").read_text()
+    assert all(f"${{{name}:-" in script for name in run_stack)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.conftest import free_port, wait_until
+from tests.service.conftest import RedisServer, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,3 +94,69 @@ def test_stopped_before_it_is_ready_the_script_exits_at_once(tmp_path: Path, sto
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(30)
+
+
+def finished(log: Path, stop_after: float = 30, **env: str) -> tuple[int, str, float]:
+    """Run the script to its end: (exit code, its output, seconds it took)."""
+    clean = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "API_KEYS", "HOST"}}
+    clean.update(PY=sys.executable, TF_CPP_MIN_LOG_LEVEL="2", **env)
+    started = time.monotonic()
+    with open(log, "w") as out:
+        process = subprocess.Popen([str(ROOT / "scripts/run-stack.sh")], cwd=ROOT, env=clean, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        code = process.wait(stop_after)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+    return code, log.read_text(), time.monotonic() - started
+
+
+def test_a_taken_api_port_fails_at_once_naming_the_program_that_holds_it(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code, text, took = finished(tmp_path / "run.log", PORT=str(port))
+    assert code == 1 and took < 10, (code, took, text)
+    assert f"mpjobs: port {port} on 127.0.0.1, wanted for the API, is already taken by " in text
+    assert f"(pid {os.getpid()})" in text, text  # this test's own process holds it
+    assert "local redis-server at" not in text and "API at" not in text  # nothing of its own was started
+
+
+def test_a_taken_redis_port_is_named_and_no_service_is_announced(tmp_path: Path) -> None:
+    other = RedisServer(tmp_path / "other")
+    (tmp_path / "other").mkdir()
+    other.start()
+    try:
+        code, text, took = finished(tmp_path / "run.log", PORT=str(free_port()), REDIS_PORT=str(other.port))
+    finally:
+        other.stop()
+    assert code == 1 and took < 10, (code, took, text)
+    assert f"mpjobs: port {other.port} on 127.0.0.1, wanted for redis-server, is already taken by redis-server" in text
+    assert "REDIS_PORT=<port> make run" in text
+    assert "local redis-server at" not in text and "API at" not in text
+
+
+def test_a_process_that_dies_at_start_fails_fast_with_its_own_last_lines(tmp_path: Path) -> None:
+    # A malformed API_KEYS makes the API exit as it imports the app, after Redis has started.
+    code, text, took = finished(tmp_path / "run.log", stop_after=60, PORT=str(free_port()), API_KEYS="no-tenant")
+    assert code == 1, text
+    assert took < 45, f"{took:.0f} s: the script waited for a process that had died"
+    assert "mpjobs: the API exited (code 1); stopping the stack. The last lines of var/log/api.log:" in text
+    assert "API_KEYS entry 1 must be 'key:tenant'." in text  # the API's own error, from its log
+    assert "API at" not in text
+
+
+def test_settings_come_from_the_env_file_and_the_environment_wins(tmp_path: Path) -> None:
+    port, overridden = free_port(), free_port()
+    env_file = tmp_path / "env"
+    env_file.write_text(f"# as .env.example writes them\nREDIS_URL=\nPORT={overridden}\nAPI_KEYS=\"k1:team\"\n")
+    log = tmp_path / "run.log"
+    with run_stack(log, ENV_FILE=str(env_file), PORT=str(port)):  # PORT from the environment wins
+        wait_until(lambda: "curl -N" in log.read_text(), 120, "the ready message")
+        # API_KEYS came from the file: the API wants the key (and the script's readiness check sent it).
+        assert httpx.get(f"http://127.0.0.1:{port}/jobs").status_code == 401
+        assert httpx.get(f"http://127.0.0.1:{port}/jobs", headers={"Authorization": "Bearer k1"}).status_code == 200
+        assert not listening_addresses(overridden)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.core.spec import MAX_DEVICES
@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     own free memory before training."""
     api_keys: str = ""
     """`key:tenant,...`. Empty: open mode, for a local API bound to 127.0.0.1 only."""
+
+    @field_validator("redis_url", mode="before")
+    @classmethod
+    def _default_when_empty(cls, value: object) -> object:
+        """`REDIS_URL=` (empty, as .env.example writes it for `make run`) is the default."""
+        return "redis://localhost:6379/0" if value == "" else value
 
     def job_dir(self, job_id: str) -> Path:
         """`<ARTIFACTS_DIR>/<job id>`: the job's checkpoint, TensorBoard logs and trained model."""

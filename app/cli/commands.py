@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import itertools
 import json
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from app.cli.api import Api
 from app.cli.errors import CliError, Exit, exit_for
@@ -88,23 +89,41 @@ def _output(args: argparse.Namespace) -> contextlib.AbstractContextManager[TextI
     return open(args.output, "w", newline="") if args.output else contextlib.nullcontext(sys.stdout)
 
 
+def metric_pages(api: Api, job_id: str) -> Iterator[dict[str, Any]]:
+    """Every page of the job's step records, in step order."""
+    after: int | None = 0
+    while after is not None:
+        page: dict[str, Any] = api.call("GET", f"/jobs/{job_id}/metrics", params={"after": after, "limit": PAGE_LIMIT})
+        yield page
+        after = page["next_after"]
+
+
+T = TypeVar("T")
+
+
+def _started(items: Iterator[T]) -> Iterator[T]:
+    """`items` with its first request made now, before any output is opened: a job that does not exist
+    (or another error) then writes nothing, not even a CSV header or an empty --output file."""
+    first = next(items, None)
+    return iter(()) if first is None else itertools.chain([first], items)
+
+
 def cmd_metrics(api: Api, args: argparse.Namespace) -> int:
+    pages = _started(metric_pages(api, args.job_id))
     fields = list(StepRecord.model_fields)
     with _output(args) as out:
         writer = csv.DictWriter(out, fields, extrasaction="ignore", lineterminator="\n")
         if args.csv:
             writer.writeheader()
-        after: int | None = 0
-        while after is not None:
-            page = api.call("GET", f"/jobs/{args.job_id}/metrics", params={"after": after, "limit": PAGE_LIMIT})
-            for first, last in page.get("missing_steps") or []:
-                print(f"warning: steps {first}-{last} are missing (lost on the server)", file=sys.stderr)
+        for page in pages:
+            for first_missing, last_missing in page.get("missing_steps") or []:
+                print(f"warning: steps {first_missing}-{last_missing} are missing (lost on the server)",
+                      file=sys.stderr)
             for point in page["points"]:
                 if args.csv:
                     writer.writerow({k: _cell(v) for k, v in point.items()})
                 else:
                     out.write(json.dumps(point) + "\n")
-            after = page["next_after"]
     return Exit.OK
 
 
@@ -119,10 +138,11 @@ def layer_checks(api: Api, job_id: str) -> Iterator[dict[str, Any]]:
 
 def cmd_layers(api: Api, args: argparse.Namespace) -> int:
     if args.csv:
+        checks = _started(layer_checks(api, args.job_id))
         with _output(args) as out:
             writer = csv.DictWriter(out, LAYER_CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
             writer.writeheader()
-            for check in layer_checks(api, args.job_id):
+            for check in checks:
                 at = {"step": check["step"], "compute_dtype": check["compute_dtype"], "loss_scale": check["loss_scale"]}
                 writer.writerows({k: _cell(v) for k, v in {**layer, **at}.items()} for layer in check["layers"])
         return Exit.OK

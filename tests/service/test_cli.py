@@ -186,6 +186,17 @@ def test_metrics_csv_has_one_row_per_step_with_the_api_values(
     assert [json.loads(line) for line in lines] == points
 
 
+@pytest.mark.parametrize("command", ["metrics", "layers"])
+@pytest.mark.parametrize("to_file", [False, True])
+def test_a_csv_of_a_job_that_does_not_exist_writes_nothing(stack: Stack, tmp_path: Path, command: str,
+                                                           to_file: bool) -> None:
+    out = tmp_path / "x.csv"
+    done = mpjobs(stack, command, "f" * 32, "--csv", *(["--output", str(out)] if to_file else []))
+    assert done.returncode == Exit.NOT_FOUND, done.stderr
+    assert done.stdout == "" and not out.exists()  # no header, no empty file
+    assert "ffffffff" in done.stderr
+
+
 def test_layers_csv_has_one_row_per_step_and_layer_with_the_api_values(stack: Stack, tmp_path: Path) -> None:
     job_id = ended_job(stack)  # checks at steps 1 and 5, two layers each
     out = tmp_path / "layers.csv"

@@ -23,10 +23,16 @@ from app.core.records import (
 from app.core.spec import LossScaleMode
 from worker.float32_check import CheckResult
 from worker.layer_diagnoses import overflow_words, underflow_words
-from worker.layer_numerics import floor_percent
+from worker.layer_numerics import floor_percent, scale_text
 
 FINAL_LOSS_WINDOW = 10
 """`final_loss` averages this many last steps, so one batch cannot decide it."""
+
+
+SKIP_KINDS = ("descent", "probe", "spike")
+"""Why a dynamic scale's step was skipped: coming down from the initial scale (before it ever grew); probing
+upward (its last change was a doubling, which this step overflowed); or at a scale that had held since it
+last halved: the gradients grew."""
 
 
 def _finding(saved: Any) -> tuple[int, str, str] | None:
@@ -52,6 +58,12 @@ class SummaryBuilder:
         self.recent_losses: deque[float | None] = deque(s.get("recent_losses", []), FINAL_LOSS_WINDOW)
         self.skipped_steps: int = s.get("skipped_steps", 0)
         self.first_skip: int | None = s.get("first_skip")
+        self.skip_kinds: dict[str, list[int]] = s.get("skip_kinds") or {kind: [0, 0] for kind in SKIP_KINDS}
+        """[count, first step] of the skips of each kind (see `_skip_words`)."""
+        self.scale_first: float | None = s.get("scale_first")
+        self.scale_grew: bool = s.get("scale_grew", False)
+        self.scale_rose_last: bool = s.get("scale_rose_last", False)
+        """Whether the scale's last change was a doubling (a skip then is its probe failing)."""
         self.scale_min: float | None = s.get("scale_min")
         self.scale_max: float | None = s.get("scale_max")
         self.scale_final: float | None = s.get("scale_final")
@@ -84,6 +96,10 @@ class SummaryBuilder:
             "recent_losses": list(self.recent_losses),
             "skipped_steps": self.skipped_steps,
             "first_skip": self.first_skip,
+            "skip_kinds": self.skip_kinds,
+            "scale_first": self.scale_first,
+            "scale_grew": self.scale_grew,
+            "scale_rose_last": self.scale_rose_last,
             "scale_min": self.scale_min,
             "scale_max": self.scale_max,
             "scale_final": self.scale_final,
@@ -104,6 +120,26 @@ class SummaryBuilder:
             "overflow_layer": list(self.overflow_layer) if self.overflow_layer else None,
         }
 
+    def _skip_words(self) -> str:
+        """The skips of a dynamic scale by kind, each with what it means."""
+        words = []
+        (descent, first_descent), (probe, first_probe), (spike, first_spike) = (
+            self.skip_kinds[kind] for kind in SKIP_KINDS)
+        if descent:
+            start = f" from its initial {scale_text(self.scale_first)}" if self.scale_first else ""
+            words.append(f"{descent} while the scale came down{start} to one the gradients fit, halving after "
+                         f"each (from step {first_descent}): normal at the start of a run")
+        if probe:
+            words.append(f"{probe} when the scale probed upward (first at step {first_probe}): after each growth "
+                         f"interval of finite steps it doubles, and a step that overflows at the doubled scale is "
+                         f"skipped and halves it back; that is how a dynamic scale stays near its ceiling, at the "
+                         f"cost of one step per probe")
+        if spike:
+            words.append(f"{spike} at a scale that had held (first at step {first_spike}): the gradients themselves "
+                         f"grew past {self.context.compute_dtype}'s range on those steps; if they recur, look for "
+                         f"loss spikes, or lower the learning rate")
+        return "Of those, " + "; ".join(words) + "."
+
     def set_speed(self, speed: PrecisionSpeed, slow_precision_message: str | None) -> None:
         """The run's speed check, and the `slow_precision_on_device` message it earned (None: none)."""
         self.precision_speed = speed
@@ -117,9 +153,16 @@ class SummaryBuilder:
         """Fold in one step. `timed=False` leaves warm-up steps out of examples/s."""
         self.steps_done = r.step
         self.recent_losses.append(r.loss)
+        if self.scale_final is not None and r.loss_scale != self.scale_final:
+            self.scale_rose_last = r.loss_scale > self.scale_final
+            self.scale_grew = self.scale_grew or self.scale_rose_last
         if r.skipped:
             self.skipped_steps += 1
             self.first_skip = self.first_skip or r.step
+            counted = self.skip_kinds[
+                "descent" if not self.scale_grew else "probe" if self.scale_rose_last else "spike"]
+            counted[0], counted[1] = counted[0] + 1, counted[1] or r.step
+        self.scale_first = r.loss_scale if self.scale_first is None else self.scale_first
         self.scale_min = r.loss_scale if self.scale_min is None else min(self.scale_min, r.loss_scale)
         self.scale_max = r.loss_scale if self.scale_max is None else max(self.scale_max, r.loss_scale)
         self.scale_final = r.loss_scale
@@ -189,11 +232,8 @@ class SummaryBuilder:
                 message=(
                     f"{self.skipped_steps} of {self.steps_done} steps were skipped because their gradients "
                     f"were inf or NaN at the loss scale in force; the weights were not updated on those steps. "
-                    + (
-                        "The dynamic scale halves after each such step, so a few skips at the start are normal."
-                        if c.loss_scale_mode is LossScaleMode.DYNAMIC
-                        else "The fixed scale never backs off: lower it, or use loss_scale 'dynamic'."
-                    )
+                    + (self._skip_words() if c.loss_scale_mode is LossScaleMode.DYNAMIC
+                       else "The fixed scale never backs off: lower it, or use loss_scale 'dynamic'.")
                 ),
             ))
         if self.diverged is not None:

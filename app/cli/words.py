@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,12 @@ def scale_num(value: Any) -> str:
     return "n/a" if value is None else f"{value:.10g}"
 
 
+def power_of_two(value: float) -> str:
+    """A loss scale as people write it: 1024 or 32768, and 2^32 where %g would write 4.29497e+09."""
+    exponent = math.log2(value) if value > 0 else 0.5
+    return f"2^{exponent:g}" if exponent.is_integer() and value >= 2**17 else f"{value:g}"
+
+
 def duration(seconds: float) -> str:
     minutes, secs = divmod(int(seconds + 0.5), 60)
     hours, minutes = divmod(minutes, 60)
@@ -29,8 +36,9 @@ def loss_scale_words(scale: dict[str, Any] | None) -> str:
     if not scale or scale.get("mode") == "none":
         return "no loss scaling"
     if scale["mode"] == "fixed":
-        return f"fixed loss scale {scale['scale']:g}"
-    return f"dynamic loss scale from {scale['initial_scale']:g}, doubling after {scale['growth_steps']} finite steps"
+        return f"fixed loss scale {power_of_two(scale['scale'])}"
+    return (f"dynamic loss scale from {power_of_two(scale['initial_scale'])}, doubling after "
+            f"{scale['growth_steps']} finite steps")
 
 
 def _interval(ps: dict[str, Any]) -> tuple[float, float]:

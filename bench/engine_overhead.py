@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 from app.core.config import Settings
 from app.core.spec import JobSpec
 from bench.report import Row, cli  # noqa: E402
+from worker.data import SEGMENT_BYTES  # noqa: E402
 from worker.devices import detect_device  # noqa: E402
 from worker.engine import Training, never  # noqa: E402
 from worker.models import build_model  # noqa: E402
@@ -135,7 +136,7 @@ def pair(case: Case, checkpoint_every: int, repeat: int) -> tuple[list[list[floa
         # another one's clear_session() trains measurably slower, so each engine has its own twin.
         engine = Engine(case.spec(checkpoint_every), Path(out))
         bare = Bare(case.spec(checkpoint_every))
-        (x, y), = engine.training.segments()
+        (x, y), = engine.training.segments(SEGMENT_BYTES)
         take_turns(bare, engine, x, y, repeat)
         return bare.pieces, engine.finish()
 

@@ -30,6 +30,7 @@ import keras  # noqa: E402
 from app.core.spec import UNDERFLOW_CHECK_EVERY, JobSpec
 from bench.engine_overhead import GOAL, PIECES, Engine, _per_step, _piece_ratios, take_turns  # noqa: E402
 from bench.report import Row, cli  # noqa: E402
+from worker.data import SEGMENT_BYTES  # noqa: E402
 
 MODEL = {"name": "mlp"}
 POLICY = "mixed_float16"
@@ -73,7 +74,7 @@ def pair(steps: int, repeat: int, layers: bool = False) -> tuple[list[list[float
     """Step-end times per piece of `sides` (off, on), taking turns on the same batches."""
     with tempfile.TemporaryDirectory() as out:
         off, on = sides(steps, Path(out), layers)
-        (x, y), = on.training.segments()
+        (x, y), = on.training.segments(SEGMENT_BYTES)
         take_turns(off, on, x, y, repeat)
         return off.finish(), on.finish()
 
@@ -89,7 +90,7 @@ def one_check(repeats: int, layers: bool = False) -> tuple[float, float, float]:
             check = engine.training.check
             assert check is not None
             check.set_model(engine.training.model)
-            (x, y), = engine.training.segments()
+            (x, y), = engine.training.segments(SEGMENT_BYTES)
             bs = engine.training.spec.training.batch_size
             for times in (first, steady):
                 start = time.perf_counter()
@@ -113,7 +114,7 @@ def checks_in_turns(repeats: int, turns: int = TURNS) -> tuple[float, float, flo
     for repeat in range(repeats):
         with tempfile.TemporaryDirectory() as out:
             off, on = sides(2 * PIECES, Path(out), layers=True)
-            (x, y), = on.training.segments()
+            (x, y), = on.training.segments(SEGMENT_BYTES)
             bs = on.training.spec.training.batch_size
             for engine in (off, on):
                 assert engine.training.check is not None

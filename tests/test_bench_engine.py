@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bench import engine_overhead
+from worker.data import SEGMENT_BYTES
 
 
 def test_engine_overhead_sets_each_float32_case_beside_bare_fit() -> None:
@@ -34,7 +35,7 @@ def test_the_sides_train_the_same_weights(tmp_path: Path) -> None:
     case = engine_overhead.Case({"name": "mlp"}, "float32", 40, 1)
     engine = engine_overhead.Engine(case.spec(40), tmp_path / "engine")
     bare = engine_overhead.Bare(case.spec(40))  # after the engine, which starts from a clear session
-    (x, y), = engine.training.segments()
+    (x, y), = engine.training.segments(SEGMENT_BYTES)
     for half in (slice(0, len(x) // 2), slice(len(x) // 2, len(x))):
         engine.fit(x[half], y[half])
         bare.fit(x[half], y[half])
@@ -62,7 +63,7 @@ def test_float32_check_cost_sets_the_check_beside_the_same_engine_without_it() -
     # The sides differ in what they say they differ in: the layer-check side records layer checks.
     with tempfile.TemporaryDirectory() as out:
         off, on = float32_check.sides(2, Path(out), layers=True)
-        (x, y), = on.training.segments()
+        (x, y), = on.training.segments(SEGMENT_BYTES)
         for side in (off, on):
             side.fit(x, y)
             side.finish()

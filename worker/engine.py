@@ -25,7 +25,7 @@ from app.core.errors import Diverged, InvalidModel, JobFailed, MpjobsError, Time
 from app.core.records import Summary
 from app.core.spec import DynamicLossScale, FixedLossScale, JobSpec, LossScaleMode, PrecisionPolicy
 from worker import checkpoint
-from worker.data import load_dataset
+from worker.data import FIRST_SEGMENT_BYTES, load_dataset
 from worker.devices import DeviceInfo, detect_device, distribution, slow_precision_message
 from worker.divergence import DivergenceGuard
 from worker.failures import named_failure
@@ -230,9 +230,10 @@ class Training:
             raise
         return self.finish()
 
-    def segments(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The (x, y) of every step still to train, in `fit`-sized pieces."""
-        return self.dataset.segments(self.start, self.spec.training.steps)
+    def segments(self, first_bytes: int = FIRST_SEGMENT_BYTES) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The (x, y) of every step still to train, in `fit`-sized pieces, the first of `first_bytes`
+        (SEGMENT_BYTES: one piece, where the run fits in one, as the benchmarks want)."""
+        return self.dataset.segments(self.start, self.spec.training.steps, first_bytes)
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> bool:
         """Train one step per batch of (x, y). False once the job must end (stopped, timed out, diverged)."""

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from worker.data import SEGMENT_BYTES
+
 SPECS: dict[str, dict[str, Any]] = {
     # float32 with a growing dynamic scale: the scale trajectory is compared too.
     "float32": {"precision_policy": "float32", "loss_scale": {"mode": "dynamic", "initial_scale": 256,
@@ -46,7 +48,7 @@ def tape_grad_norm(settings: Any) -> float:
 
     training = Training(spec("float32", 1), ListReporter(), Path(tempfile.mkdtemp()), never, settings,
                         detect_device(2))
-    x, y = next(iter(training.segments()))
+    x, y = next(iter(training.segments(SEGMENT_BYTES)))
     batch = TRAINING["batch_size"]
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean(tf.keras.losses.get(training.model.loss)(y[:batch], training.model(x[:batch])))

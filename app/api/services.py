@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 
@@ -12,43 +11,25 @@ from rq import Queue, worker_registration
 from app.api import reports
 from app.api.resources import Comparison, ComparisonPage, Health, JobPage
 from app.core.config import MODEL_ARTIFACT, Settings
-from app.core.errors import ArtifactNotFound, ComparisonNotFound, IdempotencyConflict, JobNotFound, ServiceUnavailable
+from app.core.errors import ArtifactNotFound, ComparisonNotFound, JobNotFound
 from app.core.job import Job, JobState, LayersPage, MetricsPage
 from app.core.spec import ComparisonSpec, JobSpec
-from app.store import VIEW_TTL_S, ComparisonRecord, JobStore
+from app.store import VIEW_TTL_S, ComparisonRecord, IdempotencyKey, JobStore
 from app.store import queue as queues
 
 MAX_PAGE = 10_000
 """Most step records one metrics page returns, and most layer checks one layers page returns."""
 
 
-IDEMPOTENT_WAIT_S = 5.0
-"""How long a duplicate request waits for the first one to finish writing the job."""
-
-
 def submit(store: JobStore, rq_redis: Redis, spec: JobSpec, tenant: str,
            idempotency_key: str | None = None) -> tuple[Job, bool]:
     """Queue `spec`. Returns (job, created); a repeated Idempotency-Key returns the first job."""
-    job_id = None
-    if idempotency_key is not None:
-        fingerprint = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
-        claimed, held_fingerprint, job_id = store.claim_idempotency_key(tenant, idempotency_key, fingerprint)
-        if not claimed:
-            if held_fingerprint != fingerprint:
-                raise IdempotencyConflict()
-            job = store.wait_for(job_id, tenant, IDEMPOTENT_WAIT_S)
-            if job is None:
-                raise ServiceUnavailable("the first request with this Idempotency-Key has not finished; retry")
-            return job, False
-    try:
-        job_id = store.create(spec, tenant, queues.queue_for(spec),
-                              lambda jid, pipe: queues.enqueue(rq_redis, spec, jid, pipe),
-                              rq_redis.pipeline(transaction=True), job_id=job_id)
-    except BaseException:
-        if idempotency_key is not None:
-            store.release_idempotency_key(tenant, idempotency_key)
-        raise
-    return get(store, job_id, tenant), True
+    once = None if idempotency_key is None else IdempotencyKey.for_job(tenant, idempotency_key,
+                                                                       spec.model_dump_json())
+    job_id, created = store.create(spec, tenant, queues.queue_for(spec),
+                                   lambda jid, pipe: queues.enqueue(rq_redis, spec, jid, pipe),
+                                   rq_redis.pipeline(transaction=True), once)
+    return get(store, job_id, tenant), created
 
 
 def get(store: JobStore, job_id: str, tenant: str, workers: LiveWorkers | None = None) -> Job:
@@ -180,13 +161,17 @@ def readiness(rq_redis: Redis, workers: LiveWorkers) -> Health:
 # -- precision comparisons ---------------------------------------------------------
 
 
-def submit_comparison(store: JobStore, rq_redis: Redis, spec: ComparisonSpec, tenant: str) -> Comparison:
-    """Queue one job per variant, same seed and data, all or none."""
+def submit_comparison(store: JobStore, rq_redis: Redis, spec: ComparisonSpec, tenant: str,
+                      idempotency_key: str | None = None) -> tuple[Comparison, bool]:
+    """Queue one job per variant, same seed and data, all or none. Returns (comparison, created);
+    a repeated Idempotency-Key returns the first comparison."""
     jobs = [(job_spec, queues.queue_for(job_spec)) for job_spec in spec.job_specs()]
-    comparison_id = store.create_comparison(
+    once = None if idempotency_key is None else IdempotencyKey.for_comparison(tenant, idempotency_key,
+                                                                              spec.model_dump_json())
+    comparison_id, created = store.create_comparison(
         spec, tenant, jobs, lambda job_id, job_spec, pipe: queues.enqueue(rq_redis, job_spec, job_id, pipe),
-        rq_redis.pipeline(transaction=True))
-    return get_comparison(store, comparison_id, tenant)
+        rq_redis.pipeline(transaction=True), once)
+    return get_comparison(store, comparison_id, tenant), created
 
 
 def _report(store: JobStore, record: ComparisonRecord) -> Comparison:

@@ -63,6 +63,7 @@ class AttemptWatcher:
                     self.store.renew_lease(self.job_id, self.owner, self.lease_s)
                     renewed = time.monotonic()
                 if not self.cancel_requested.is_set() and self.store.cancel_requested(self.job_id):
+                    self.store.acknowledge_cancel(self.job_id, self.owner)  # else the API presumes it dead
                     self.cancel_requested.set()
                 failing = False
             except Exception as exc:  # A Redis blip must not kill training; try again next poll.

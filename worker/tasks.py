@@ -87,6 +87,7 @@ class AttemptWatcher:
                     self.store.renew_lease(self.job_id, self.owner, self.lease_s)
                     renewed = time.monotonic()
                 if not self.cancel_requested.is_set() and self.store.cancel_requested(self.job_id):
+                    self.store.acknowledge_cancel(self.job_id, self.owner)  # else the API presumes it dead
                     self._canceled_at = time.monotonic()
                     self.cancel_requested.set()
                 now_phase = current_phase()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 
@@ -12,43 +11,25 @@ from rq import Queue, worker_registration
 from app.api import reports
 from app.api.resources import Comparison, ComparisonPage, Health, JobPage
 from app.core.config import MODEL_ARTIFACT, Settings
-from app.core.errors import ArtifactNotFound, ComparisonNotFound, IdempotencyConflict, JobNotFound, ServiceUnavailable
+from app.core.errors import ArtifactNotFound, ComparisonNotFound, JobNotFound
 from app.core.job import Job, JobState, LayersPage, MetricsPage
 from app.core.spec import ComparisonSpec, JobSpec
-from app.store import VIEW_TTL_S, ComparisonRecord, JobStore
+from app.store import VIEW_TTL_S, ComparisonRecord, IdempotencyKey, JobStore
 from app.store import queue as queues
 
 MAX_PAGE = 10_000
 """Most step records one metrics page returns, and most layer checks one layers page returns."""
 
 
-IDEMPOTENT_WAIT_S = 5.0
-"""How long a duplicate request waits for the first one to finish writing the job."""
-
-
 def submit(store: JobStore, rq_redis: Redis, spec: JobSpec, tenant: str,
            idempotency_key: str | None = None) -> tuple[Job, bool]:
     """Queue `spec`. Returns (job, created); a repeated Idempotency-Key returns the first job."""
-    job_id = None
-    if idempotency_key is not None:
-        fingerprint = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
-        claimed, held_fingerprint, job_id = store.claim_idempotency_key(tenant, idempotency_key, fingerprint)
-        if not claimed:
-            if held_fingerprint != fingerprint:
-                raise IdempotencyConflict()
-            job = store.wait_for(job_id, tenant, IDEMPOTENT_WAIT_S)
-            if job is None:
-                raise ServiceUnavailable("the first request with this Idempotency-Key has not finished; retry")
-            return job, False
-    try:
-        job_id = store.create(spec, tenant, queues.queue_for(spec),
-                              lambda jid, pipe: queues.enqueue(rq_redis, spec, jid, pipe),
-                              rq_redis.pipeline(transaction=True), job_id=job_id)
-    except BaseException:
-        if idempotency_key is not None:
-            store.release_idempotency_key(tenant, idempotency_key)
-        raise
-    return get(store, job_id, tenant), True
+    once = None if idempotency_key is None else IdempotencyKey.for_job(tenant, idempotency_key,
+                                                                       spec.model_dump_json())
+    job_id, created = store.create(spec, tenant, queues.queue_for(spec),
+                                   lambda jid, pipe: queues.enqueue(rq_redis, spec, jid, pipe),
+                                   rq_redis.pipeline(transaction=True), once)
+    return get(store, job_id, tenant), created
 
 
 def get(store: JobStore, job_id: str, tenant: str, workers: LiveWorkers | None = None) -> Job:
@@ -105,22 +86,55 @@ def list_jobs(store: JobStore, tenant: str, state: JobState | None, limit: int, 
     return JobPage(jobs=jobs, next_cursor=None if next_cursor is None else str(next_cursor))
 
 
-def cancel(store: JobStore, rq_redis: Redis, job_id: str, tenant: str) -> Job:
-    """Queued: canceled at once. Running: stops at its next step. Terminal: unchanged.
+CANCEL_ANSWER_S = 3.0
+"""How long a cancel of a running job waits for its worker to answer the flag (its watcher reads it every
+0.25 s) before the worker is presumed dead and the API cancels the job itself. A worker only slow to
+answer loses nothing it was asked to keep: it finds the job canceled at its next look and stops."""
+CANCEL_POLL_S = 0.05
 
-    One read to decide, the change, one read of the result.
-    """
+
+def cancel(store: JobStore, rq_redis: Redis, job_id: str, tenant: str) -> Job:
+    """Queued: canceled at once. Running: its worker stops at its next step; if that worker's lease is
+    gone, or it does not answer within CANCEL_ANSWER_S, it is presumed dead and the job is canceled here.
+    Terminal: unchanged."""
     job = get(store, job_id, tenant)
-    running = job.state is JobState.RUNNING
-    if job.state is JobState.QUEUED:
-        moved, now = store.transition(job_id, JobState.CANCELED, [JobState.QUEUED], "canceled before it started",
-                                      error={"reason": "canceled", "message": "Canceled before it started."})
-        if moved:
-            Queue(job.queue, connection=rq_redis).remove(store.rq_job_id(job_id))
-        running = now is JobState.RUNNING  # it started in between: stop it at its next step
-    if running:
-        store.request_cancel(job_id)
+    state: JobState | None = job.state
+    if state is JobState.QUEUED:
+        state = _cancel_queued(store, rq_redis, job)  # `running` if it started in between
+    if state is JobState.RUNNING:
+        state = _cancel_running(store, job)
+    if state is JobState.QUEUED:
+        _cancel_queued(store, rq_redis, job)  # a reaper requeued it first
     return get(store, job_id, tenant)
+
+
+def _cancel_queued(store: JobStore, rq_redis: Redis, job: Job) -> JobState | None:
+    """Cancel a queued job and take its RQ job off the queue. Returns the state it was in."""
+    moved, now = store.transition(job.id, JobState.CANCELED, [JobState.QUEUED], "canceled before it started",
+                                  error={"reason": "canceled", "message": "Canceled before it started."})
+    if moved:
+        Queue(job.queue, connection=rq_redis).remove(store.rq_job_id(job.id))
+    return now
+
+
+def _cancel_running(store: JobStore, job: Job) -> JobState | None:
+    """Raise the flag and wait for the worker to answer while its lease lives. A silent worker's attempt
+    is canceled here, unless its lease changed hands. Returns the job's state after."""
+    store.request_cancel(job.id)
+    attempt = store.attempt(job.id)
+    deadline = time.monotonic() + CANCEL_ANSWER_S
+    while (attempt.state is JobState.RUNNING and attempt.lease_owner and not attempt.answered
+           and time.monotonic() < deadline):
+        time.sleep(CANCEL_POLL_S)
+        attempt = store.attempt(job.id)
+    if attempt.state is not JobState.RUNNING or (attempt.answered and attempt.lease_owner):
+        return attempt.state  # it ended, was requeued, or its live worker stops it
+    worker = attempt.lease_owner or (f"{job.worker.host}:{job.worker.pid}" if job.worker else "unknown")
+    why = f"did not answer within {CANCEL_ANSWER_S:g} s" if attempt.lease_owner else "lost its lease"
+    return store.cancel_lost(
+        attempt, job.id, f"canceled at step {attempt.step}: worker {worker} {why}, presumed dead",
+        error={"reason": "canceled",
+               "message": f"Canceled at step {attempt.step}; its worker ({worker}) {why}, presumed dead."})
 
 
 def metrics(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> MetricsPage:
@@ -180,13 +194,17 @@ def readiness(rq_redis: Redis, workers: LiveWorkers) -> Health:
 # -- precision comparisons ---------------------------------------------------------
 
 
-def submit_comparison(store: JobStore, rq_redis: Redis, spec: ComparisonSpec, tenant: str) -> Comparison:
-    """Queue one job per variant, same seed and data, all or none."""
+def submit_comparison(store: JobStore, rq_redis: Redis, spec: ComparisonSpec, tenant: str,
+                      idempotency_key: str | None = None) -> tuple[Comparison, bool]:
+    """Queue one job per variant, same seed and data, all or none. Returns (comparison, created);
+    a repeated Idempotency-Key returns the first comparison."""
     jobs = [(job_spec, queues.queue_for(job_spec)) for job_spec in spec.job_specs()]
-    comparison_id = store.create_comparison(
+    once = None if idempotency_key is None else IdempotencyKey.for_comparison(tenant, idempotency_key,
+                                                                              spec.model_dump_json())
+    comparison_id, created = store.create_comparison(
         spec, tenant, jobs, lambda job_id, job_spec, pipe: queues.enqueue(rq_redis, job_spec, job_id, pipe),
-        rq_redis.pipeline(transaction=True))
-    return get_comparison(store, comparison_id, tenant)
+        rq_redis.pipeline(transaction=True), once)
+    return get_comparison(store, comparison_id, tenant), created
 
 
 def _report(store: JobStore, record: ComparisonRecord) -> Comparison:

@@ -7,6 +7,7 @@ Error tree::
     │   ├── ArtifactNotFound HTTP 404
     │   └── ComparisonNotFound HTTP 404
     ├── ServiceUnavailable   HTTP 503 (Redis unreachable)
+    │   └── IdempotencyKeyContended HTTP 503 (concurrent requests kept rewriting one key)
     ├── Unauthorized         HTTP 401
     ├── IdempotencyConflict  HTTP 409
     ├── SpecRefused          HTTP 422 (valid, but over a deployment limit)
@@ -70,9 +71,17 @@ class Unauthorized(MpjobsError):
     pass
 
 
+class IdempotencyKeyContended(ServiceUnavailable):
+    """Redis answers, but the key changed under every read: retrying is safe."""
+
+    def __init__(self, reads: int) -> None:
+        MpjobsError.__init__(self, f"This Idempotency-Key was rewritten by concurrent requests each of the {reads} "
+                                   "times it was read, so no job was created or returned by this request; retry it.")
+
+
 class IdempotencyConflict(MpjobsError):
-    def __init__(self) -> None:
-        super().__init__("This Idempotency-Key was already used with a different job spec.")
+    def __init__(self, what: str = "job spec") -> None:
+        super().__init__(f"This Idempotency-Key was already used with a different {what}.")
 
 
 class SpecRefused(MpjobsError):

@@ -9,15 +9,15 @@ from __future__ import annotations
 from app.store.cancel import CancelFlags
 from app.store.comparisons import ComparisonRecord, Comparisons
 from app.store.counters import Counters
-from app.store.idempotency import Idempotency
+from app.store.idempotency import IdempotencyKey
 from app.store.leases import Leases
 from app.store.streams import RAW_BUCKET_LIMIT, MetricStreams
 from app.store.views import VIEW_TTL_S, ViewCache
 
 
-class JobStore(Comparisons, Idempotency, Leases, CancelFlags, MetricStreams, Counters, ViewCache):
-    """Jobs in Redis: records and transitions (with comparisons), idempotency keys, leases,
+class JobStore(Comparisons, Leases, CancelFlags, MetricStreams, Counters, ViewCache):
+    """Jobs in Redis: records and transitions (with comparisons and their idempotency keys), leases,
     cancel flags, metric streams, counters and the view cache, each from its own module."""
 
 
-__all__ = ["RAW_BUCKET_LIMIT", "VIEW_TTL_S", "ComparisonRecord", "JobStore"]
+__all__ = ["RAW_BUCKET_LIMIT", "VIEW_TTL_S", "ComparisonRecord", "IdempotencyKey", "JobStore"]

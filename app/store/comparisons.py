@@ -11,6 +11,7 @@ from redis.client import Pipeline
 
 from app.core import clock
 from app.core.spec import ComparisonSpec, JobSpec
+from app.store.idempotency import IdempotencyKey
 from app.store.jobs import JobRecords
 from app.store.keys import SEQ, comparison_index_key, comparison_key
 
@@ -33,11 +34,14 @@ class Comparisons(JobRecords):
     """The `cmp:{id}` hash and each tenant's `cmps:{tenant}` index; a comparison's jobs are job records."""
 
     def create_comparison(self, spec: ComparisonSpec, tenant: str, jobs: Sequence[tuple[JobSpec, str]],
-                          enqueue: Callable[[str, JobSpec, Pipeline], None], pipe: Pipeline) -> str:
-        """Every variant's job and the comparison record in one MULTI/EXEC: all or none."""
-        comparison_id = uuid.uuid4().hex
-        job_ids = [uuid.uuid4().hex for _ in jobs]
-        with pipe:
+                          enqueue: Callable[[str, JobSpec, Pipeline], None], pipe: Pipeline,
+                          once: IdempotencyKey | None = None) -> tuple[str, bool]:
+        """Every variant's job and the comparison record in one MULTI/EXEC: all or none. With `once`, its
+        Idempotency-Key goes in the same MULTI/EXEC, or the comparison it already names is returned.
+        Returns (comparison id, created)."""
+        def write(pipe: Pipeline) -> str:
+            comparison_id = uuid.uuid4().hex
+            job_ids = [uuid.uuid4().hex for _ in jobs]
             for job_id, (job_spec, queue) in zip(job_ids, jobs, strict=True):
                 enqueue(job_id, job_spec, pipe)
                 self._write_job(pipe, job_id, job_spec, tenant, queue, comparison_id)
@@ -47,8 +51,9 @@ class Comparisons(JobRecords):
                 "created_at": clock.iso(), "spec": spec.model_dump_json(), "jobs": json.dumps(job_ids),
             })
             pipe.zadd(comparison_index_key(tenant), {comparison_id: seq})
-            pipe.execute()
-        return comparison_id
+            return comparison_id
+
+        return self.write_once(pipe, once, lambda made: bool(self.redis.exists(comparison_key(made))), write)
 
     def get_comparison(self, comparison_id: str, tenant: str) -> ComparisonRecord | None:
         raw = self.redis.hgetall(comparison_key(comparison_id))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -14,7 +13,7 @@ from app.core import clock
 from app.core.job import Job, JobError, JobState, Progress, Transition, WorkerInfo
 from app.core.records import Summary
 from app.core.spec import JobSpec
-from app.store.base import RedisBacked
+from app.store.idempotency import Idempotency, IdempotencyKey
 from app.store.keys import JOB_INDEX_PREFIX, RUNNING, SEQ, TENANTS, events_key, index_key, job_key
 
 # Atomic transition: check the current state, set fields, record the event, move indexes.
@@ -40,23 +39,24 @@ return {'ok', cur}
 """
 
 
-class JobRecords(RedisBacked):
+class JobRecords(Idempotency):
     """The `job:{id}` hash, its `events` stream and the tenant indexes."""
 
     SCRIPTS = {"transition": TRANSITION}
 
     def create(self, spec: JobSpec, tenant: str, queue: str, enqueue: Callable[[str, Pipeline], None],
-               pipe: Pipeline, job_id: str | None = None) -> str:
-        """Enqueue and write the record in one MULTI/EXEC on `pipe`: both or neither.
-
-        RQ opens the MULTI itself, so `enqueue` goes first.
+               pipe: Pipeline, once: IdempotencyKey | None = None) -> tuple[str, bool]:
+        """Enqueue and write the record in one MULTI/EXEC on `pipe`: both or neither. With `once`, its
+        Idempotency-Key goes in the same MULTI/EXEC, or the job it already names is returned.
+        Returns (job id, created).
         """
-        job_id = job_id or uuid.uuid4().hex
-        with pipe:
+        def write(pipe: Pipeline) -> str:
+            job_id = uuid.uuid4().hex
             enqueue(job_id, pipe)
             self._write_job(pipe, job_id, spec, tenant, queue)
-            pipe.execute()
-        return job_id
+            return job_id
+
+        return self.write_once(pipe, once, self.exists, write)
 
     def _write_job(self, pipe: Pipeline, job_id: str, spec: JobSpec, tenant: str, queue: str,
                    comparison_id: str | None = None) -> None:
@@ -83,15 +83,6 @@ class JobRecords(RedisBacked):
                 pipe.xrange(events_key(job_id))
             results = pipe.execute()
         return [self._job(raw, ev) if raw else None for raw, ev in zip(results[::2], results[1::2], strict=True)]
-
-    def wait_for(self, job_id: str, tenant: str, timeout_s: float) -> Job | None:
-        """The job, once its creator has written it (a concurrent duplicate may be mid-create)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            job = self.get(job_id, tenant)
-            if job is not None or time.monotonic() > deadline:
-                return job
-            time.sleep(0.02)
 
     def exists(self, job_id: str) -> bool:
         return bool(self.redis.exists(job_key(job_id)))

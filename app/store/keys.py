@@ -8,7 +8,8 @@ Keys (prefix `mpjobs:`):
     job:{id}:layers     stream one entry per layer check, entry id `{step}-0`, field `l` (LayerCheck JSON)
     jobs:{tenant}       zset   the tenant's job ids, scored by creation sequence
     jobs:{tenant}:{state} zset the tenant's job ids in that state, same scores
-    idem:{tenant}:{sha} string Idempotency-Key -> {fingerprint, job_id}, kept IDEMPOTENCY_TTL_S
+    idem:{tenant}:{sha} string Idempotency-Key of POST /jobs -> {fingerprint, job_id}, kept IDEMPOTENCY_TTL_S
+    idem-cmp:{tenant}:{sha} string Idempotency-Key of POST /comparisons -> {fingerprint, comparison_id}, the same
     job:{id}:lease      string the running attempt's lease, renewed while it lives
     job:{id}:view:{n}   string the `max_points=n` view as JSON (n = 500 or 1000), kept VIEW_TTL_S;
                                `...:fresh` marks it current (an ended job's: a day; a running one's: 1 s)
@@ -89,6 +90,11 @@ def index_key(tenant: str, state: JobState | None = None) -> str:
 
 def idempotency_key(tenant: str, key: str) -> str:
     return f"{PREFIX}idem:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
+def comparison_idempotency_key(tenant: str, key: str) -> str:
+    """Apart from the keys of POST /jobs: one Idempotency-Key string may name a job and a comparison."""
+    return f"{PREFIX}idem-cmp:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
 # -- stream entries ------------------------------------------------------------

@@ -181,8 +181,8 @@ def test_the_report_follows_its_jobs_records_on_every_read(store: JobStore) -> N
     """A comparison's report is never stale: each read sees the variant jobs as they are now."""
     spec = ComparisonSpec.model_validate({"spec": {"model": {"name": "mlp"}}, "variants": [
         {"precision_policy": "float32"}, {"precision_policy": "mixed_bfloat16"}]})
-    comparison_id = store.create_comparison(spec, "t-stale", [(s, "any") for s in spec.job_specs()],
-                                            lambda job_id, job_spec, pipe: None, store.redis.pipeline())
+    comparison_id, _ = store.create_comparison(spec, "t-stale", [(s, "any") for s in spec.job_specs()],
+                                               lambda job_id, job_spec, pipe: None, store.redis.pipeline())
     record = store.get_comparison(comparison_id, "t-stale")
     assert record is not None
     base_id, bf16_id = record.job_ids

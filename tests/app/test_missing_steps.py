@@ -20,7 +20,7 @@ def record(step: int) -> StepRecord:
 
 def job_with_steps(store: JobStore, stored: list[int]) -> str:
     spec = JobSpec.model_validate({"model": {"name": "mlp"}, "training": {"steps": 10}})
-    job_id = store.create(spec, TENANT, "cpu", lambda job_id, pipe: None, store.redis.pipeline(transaction=True))
+    job_id, _ = store.create(spec, TENANT, "cpu", lambda job_id, pipe: None, store.redis.pipeline(transaction=True))
     store.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "running")
     store.append_steps(job_id, [record(s) for s in stored], [])
     return job_id

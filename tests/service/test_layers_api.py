@@ -23,7 +23,8 @@ def running_job(stack: Stack, steps: int = 6) -> tuple[JobStore, str]:
     """A job of the open tenant, moved to running by hand: no RQ job, so no worker takes it."""
     store = JobStore(stack.redis.client())
     spec = JobSpec.model_validate({"model": {"name": "mlp"}, "training": {"steps": steps}})
-    job_id = store.create(spec, OPEN_TENANT, "cpu", lambda job_id, pipe: None, store.redis.pipeline(transaction=True))
+    job_id, _ = store.create(spec, OPEN_TENANT, "cpu", lambda job_id, pipe: None,
+                             store.redis.pipeline(transaction=True))
     store.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "running")
     return store, job_id
 

@@ -37,8 +37,8 @@ def store(server: RedisServer) -> JobStore:
 def running_job(store: JobStore, server: RedisServer, attempt: int = 1, lease: bool = False) -> str:
     """A job queued through RQ and moved to `running` by attempt `attempt`, its lease alive or expired."""
     rq_redis = Redis.from_url(server.url)
-    job_id = store.create(SPEC, "t", queue_for(SPEC), lambda i, pipe: enqueue(rq_redis, SPEC, i, pipe),
-                          rq_redis.pipeline(transaction=True))
+    job_id, _ = store.create(SPEC, "t", queue_for(SPEC), lambda i, pipe: enqueue(rq_redis, SPEC, i, pipe),
+                             rq_redis.pipeline(transaction=True))
     Queue(queue_for(SPEC), connection=rq_redis).empty()  # the attempt took it off the queue
     if lease:
         store.renew_lease(job_id, "worker-1", 60)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Response, status
+from fastapi import APIRouter, Body, Header, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from app.api import services
@@ -33,12 +33,21 @@ EXAMPLES = {
 }
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=Comparison)
-async def submit_comparison(spec: Annotated[ComparisonSpec, Body(openapi_examples=EXAMPLES)], store: StoreDep,
-                      redis: RQRedisDep, tenant: TenantDep, response: Response) -> Comparison:
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=Comparison,
+             responses={200: {"model": Comparison, "description": "The comparison an earlier request with this "
+                                                                 "Idempotency-Key created"},
+                        409: {"model": ErrorBody, "description": "Idempotency-Key reused with a different spec"}})
+async def submit_comparison(
+    spec: Annotated[ComparisonSpec, Body(openapi_examples=EXAMPLES)], store: StoreDep, redis: RQRedisDep,
+    tenant: TenantDep, response: Response,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
+) -> Comparison:
     """Run the spec once per precision variant, same seed and data, and compare each with float32."""
-    comparison = await run_in_threadpool(services.submit_comparison, store, redis, spec, tenant)
+    comparison, created = await run_in_threadpool(services.submit_comparison, store, redis, spec, tenant,
+                                                  idempotency_key)
     response.headers["Location"] = f"/comparisons/{comparison.id}"
+    if not created:
+        response.status_code = status.HTTP_200_OK
     return comparison
 
 

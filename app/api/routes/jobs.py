@@ -53,6 +53,8 @@ async def get_job(job_id: str, store: StoreDep, tenant: TenantDep, workers: Work
 
 @router.delete("/{job_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Job)
 async def cancel_job(job_id: str, store: StoreDep, redis: RQRedisDep, tenant: TenantDep) -> Job:
+    """Queued: canceled at once. Running: its worker stops after its current step; a worker that does not
+    answer within 3 s (or whose lease is gone) is presumed dead, and the job is canceled at once. Ended: unchanged."""
     return await run_in_threadpool(services.cancel, store, redis, job_id, tenant)
 
 

@@ -7,7 +7,9 @@ from bench import metric_delivery, service_overhead
 
 def test_service_overhead_splits_the_job_into_phases() -> None:
     rows = service_overhead.run(quick=True)
-    total, *phases = rows
+    total, *phases, start = rows
+    assert start.case == "dequeue -> step 1, 50,000 steps" and start.baseline_value and start.baseline_value > 0
+    assert start.value > 0 and start.met is not None
     assert total.baseline == "local run_job (warm)" and total.baseline_value and total.baseline_value > 0
     assert total.value > 0 and total.met is not None
     assert [r.case.strip() for r in phases] == list(service_overhead.PHASES)

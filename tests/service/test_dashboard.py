@@ -611,3 +611,33 @@ def test_the_layers_panel_and_the_comparison_name_the_layer_where_underflow_begi
     assert browser.current_url.endswith(f"#/jobs/{half_job}/layers/{underflow_layer}")
     assert attr(browser, "job-page", "data-job-id") == half_job
     assert page_errors(browser) == []
+
+
+def test_the_loss_scale_axis_labels_the_powers_the_run_visited(
+    keyed_stack: Stack, api: httpx.Client, browser: WebDriver,
+) -> None:
+    # From 2^32 the dynamic scale halves step after step down to what the gradients fit (near 2^17 for
+    # this mlp), then holds there: a wide range whose most-visited scale must carry a label.
+    steps = 40
+    created = api.post("/jobs", json={
+        "model": {"name": "mlp", "input_dim": 32, "hidden_units": 16}, "precision_policy": "mixed_float16",
+        "loss_scale": {"mode": "dynamic", "initial_scale": 2.0**32, "growth_steps": 2000},
+        "training": {"steps": steps, "batch_size": 16}, "dataset": {"samples": 256}})
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    assert keyed_stack.wait_for_state(api, job_id, {"succeeded", "failed"})["state"] == "succeeded"
+    points = api.get(f"/jobs/{job_id}/metrics", params={"limit": steps}).json()["points"]
+    at: dict[int, int] = {}
+    for point in points:
+        exponent = int(point["loss_scale"]).bit_length() - 1
+        assert 2.0**exponent == point["loss_scale"]
+        at[exponent] = at.get(exponent, 0) + 1
+    assert max(at) - min(at) >= 12, at  # a range uPlot labels only every few powers of
+    open_dashboard(browser, keyed_stack, f"#/jobs/{job_id}")
+    wait_for(browser, lambda d: attr(d, "chart-loss-scale", "data-points") == str(steps)
+             and attr(d, "chart-loss-scale", "data-ticks") not in (None, "", "[]"), 20, "the loss-scale chart")
+    ticks = [int(t) for t in re.findall(r"-?\d+", attr(browser, "chart-loss-scale", "data-ticks") or "")]
+    most = max(at, key=lambda e: (at[e], e))
+    assert most in ticks, (ticks, at)
+    assert set(ticks) <= set(at), "every label is a scale the run was at"
+    assert len(ticks) >= 4 and ticks == sorted(ticks)

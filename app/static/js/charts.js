@@ -17,6 +17,30 @@ function powerOfTwo(value) {
   return `2${[...String(exponent)].map((c) => SUPERSCRIPT[c]).join("")}`;
 }
 
+const LABEL_PX = 16; // a log₂-axis label needs this much height to stay clear of its neighbours
+
+// Ticks of the loss-scale axis: the powers of two the run visited, those it spent the most steps at
+// first, as many as fit without overlapping. uPlot's own choice on a wide range (2³² down to 2¹⁷) was
+// every fourth power, which left the scale a run spent 280 steps at unlabelled. `stepsAt`: exponent ->
+// steps. Before any step: every power in range that fits. The chosen ticks go to `box.dataset.ticks`.
+function visitedPowers(stepsAt, box) {
+  return (u, axisIndex, min, max) => {
+    const [low, high] = [Math.ceil(Math.log2(min)), Math.floor(Math.log2(max))];
+    const span = Math.max(Math.log2(max) - Math.log2(min), 1e-9);
+    const px = (e) => ((e - Math.log2(min)) / span) * (u.bbox.height / devicePixelRatio);
+    let candidates = [...stepsAt().entries()].filter(([e]) => e >= low && e <= high)
+      .sort((a, b) => b[1] - a[1] || b[0] - a[0]).map(([e]) => e);
+    if (!candidates.length) candidates = Array.from({ length: Math.max(0, high - low + 1) }, (_, i) => high - i);
+    const chosen = [];
+    for (const e of candidates) {
+      if (chosen.every((c) => Math.abs(px(c) - px(e)) >= LABEL_PX)) chosen.push(e);
+    }
+    chosen.sort((a, b) => a - b);
+    box.dataset.ticks = JSON.stringify(chosen);
+    return chosen.map((e) => 2 ** e);
+  };
+}
+
 // Steps are whole numbers: never put a tick at step 2.5.
 const STEP_INCREMENTS = [1, 2, 5].flatMap((m) => [0, 1, 2, 3, 4, 5, 6, 7].map((e) => m * 10 ** e))
   .sort((a, b) => a - b);
@@ -88,6 +112,7 @@ export class JobCharts {
     this.steps = [];
     this.series = Object.fromEntries(CHARTS.map((c) => [c.field, []]));
     this.skipped = [];
+    this.scaleSteps = new Map(); // exponent -> steps the run spent at that loss scale (powers of two only)
     this.timer = null;
     this.lastDraw = 0;
     const drawSkips = skipMarkers(() => this.skipped);
@@ -106,7 +131,10 @@ export class JobCharts {
         },
         axes: [
           { label: "step", incrs: STEP_INCREMENTS },
-          { size: 64, values: chart.log2 ? (u, values) => values.map(powerOfTwo) : tickLabels },
+          chart.log2
+            ? { size: 64, values: (u, values) => values.map(powerOfTwo),
+              splits: visitedPowers(() => this.scaleSteps, box) }
+            : { size: 64, values: tickLabels },
         ],
         series: [
           { label: "step" },
@@ -125,7 +153,13 @@ export class JobCharts {
     this.steps.push(record.step);
     for (const field of Object.keys(this.series)) this.series[field].push(record[field] ?? null);
     if (record.skipped) this.skipped.push(record.step);
+    this.countScale(record.loss_scale, 1);
     this.schedule();
+  }
+
+  countScale(scale, steps) {
+    const exponent = scale > 0 ? Math.log2(scale) : NaN;
+    if (Number.isInteger(exponent)) this.scaleSteps.set(exponent, (this.scaleSteps.get(exponent) ?? 0) + steps);
   }
 
   // One bucket of a long run's history (GET /jobs/{id}/metrics?max_points=...), at its last step.
@@ -137,6 +171,8 @@ export class JobCharts {
     this.series.grad_norm.push(bucket.grad_norm.mean);
     this.series.zero_grad_fraction.push(null);
     if (bucket.skipped > 0) this.skipped.push(bucket.last_step);
+    this.countScale(bucket.loss_scale.min, bucket.steps); // a bucket's steps, at the scale it is drawn at
+    if (bucket.loss_scale.max !== bucket.loss_scale.min) this.countScale(bucket.loss_scale.max, 0);
     this.schedule();
   }
 

@@ -91,3 +91,20 @@ def test_env_example_lists_every_setting() -> None:
     assert listed == {name.upper() for name in Settings.model_fields} | run_stack
     script = (ROOT / "scripts/run-stack.sh").read_text()
     assert all(f"${{{name}:-" in script for name in run_stack)
+
+
+def test_the_package_builds_quietly_with_every_dashboard_file(tmp_path: Path) -> None:
+    """`pip install -e .` printed setuptools' "Package would be ignored" for the dashboard's folders."""
+    import subprocess
+    import sys
+    import zipfile
+
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(tmp_path), str(ROOT)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    assert "would be ignored" not in built.stdout + built.stderr
+    [wheel] = tmp_path.glob("mpjobs-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    static = ROOT / "app" / "static"
+    wanted = {str(p.relative_to(ROOT)) for p in static.rglob("*") if p.is_file()}
+    assert wanted and wanted <= names

@@ -35,6 +35,8 @@ def cmd_submit(api: Api, args: argparse.Namespace) -> int:
     job = api.call("POST", "/jobs", json=build_spec(args), headers=headers)
     print(job["id"])
     print(f"{job['state']}: {spec_words(job['spec'])}", flush=True)
+    for note in job.get("notes") or []:
+        print(f"note: {note}", file=sys.stderr, flush=True)
     return watch(api, job["id"], args.interval) if args.watch else Exit.OK
 
 

@@ -69,6 +69,9 @@ class Job(BaseModel):
     """Why a queued job is not starting, when no live worker listens on its queue."""
     comparison_id: str | None = None
     """The precision comparison this job is one variant of."""
+    notes: list[str] = []
+    """What the spec asks for that will not do what it seems to (JobSpec.notes), e.g. loss scaling
+    under float32."""
     phase: str | None = None
     """What a running job's attempt is doing: "building the model", "preparing the data", "training",
     "saving the model", "measuring speed against float32"... (published within a quarter second). None

@@ -98,9 +98,10 @@ class JobRecords(Idempotency):
         return self._job(raw, events)
 
     def _job(self, raw: dict[str, str], events: list[tuple[str, dict[str, str]]]) -> Job:
+        spec = JobSpec.model_validate_json(raw["spec"])
         return Job(
             id=raw["id"], name=json.loads(raw["name"]), state=JobState(raw["state"]), queue=raw["queue"],
-            spec=JobSpec.model_validate_json(raw["spec"]), created_at=raw["created_at"],
+            spec=spec, notes=spec.notes(), created_at=raw["created_at"],
             started_at=raw.get("started_at"), finished_at=raw.get("finished_at"),
             transitions=[Transition(state=JobState(e["state"]), at=e["at"], message=e["message"]) for _, e in events],
             progress=Progress(step=int(raw["step"]), total_steps=int(raw["total_steps"])),

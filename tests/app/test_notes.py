@@ -1,0 +1,29 @@
+"""A valid spec that asks for something without effect is told so: loss scaling outside float16."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.core.spec import JobSpec
+
+
+def spec(policy: str, scale: object) -> JobSpec:
+    return JobSpec.model_validate({"model": {"name": "mlp"}, "precision_policy": policy, "loss_scale": scale})
+
+
+@pytest.mark.parametrize(("policy", "scale"), [
+    ("float32", "dynamic"), ("float32", {"mode": "fixed", "scale": 1024}),
+    ("mixed_bfloat16", "dynamic"), ("bfloat16", {"mode": "fixed", "scale": 8}),
+])
+def test_loss_scaling_outside_float16_gets_a_note(policy: str, scale: object) -> None:
+    [note] = spec(policy, scale).notes()
+    assert note.startswith(f"Loss scaling has no effect under {policy}: ")
+    assert "Use loss_scale 'none'" in note
+
+
+@pytest.mark.parametrize(("policy", "scale"), [
+    ("float32", "none"), ("float32", None), ("mixed_float16", "dynamic"), ("float16", {"mode": "fixed", "scale": 8}),
+    ("mixed_float16", "none"), ("mixed_bfloat16", None),
+])
+def test_a_spec_that_does_what_it_says_gets_none(policy: str, scale: object) -> None:
+    assert spec(policy, scale).notes() == []

@@ -55,6 +55,10 @@ def comparison_body(name: str) -> bytes:
     return b'{"spec": %b}' % job_body(name)
 
 
+WELL_FORMED_ID = "0123456789abcdef" * 2
+"""An id of no job, in the form of one: the fuzz run builds its malformed ids on it."""
+
+
 def malformed_ids(real: str) -> list[str]:
     """Ids that are not a uuid4 hex, several of them Redis keys of `real`'s other records."""
     return [f"{real}:events", f"{real}:metrics", f"{real}:layers", f"{real}:lease", real.upper(), real + "0",

@@ -52,6 +52,7 @@ async def stream_metrics(
     `Last-Event-ID`. A check comes just before the `metrics` event of its step, so a resume after step N
     (`Last-Event-ID: N`, or `after=N`) sends the checks after step N and misses none; a connection cut
     between a check and its step's `metrics` event sends that check again (tell them apart by `step`).
+    `Last-Event-ID` and `after` are steps, 0 to 10,000,000: anything else is a 422 naming it.
     """
     await run_in_threadpool(services.get, store, job_id, tenant)
     start = last_event_id if last_event_id is not None else (after or 0)

@@ -23,13 +23,15 @@ MAX_KERAS_JSON_DEPTH = 64
 """Deeper nesting than any real model config; refused before Keras sees it."""
 MAX_KERAS_LAYERS = 1000
 """Most layer configs a keras_json may hold: the entries of `config.layers` of the model and of every
-model nested in it. Keras loads a Functional model in time that grows with its layers (measured:
-chains of 100/200/400/800 Dense(4), 0.6/1.0/2.2/4.8 s; ResNet50's 177 layers, 1.4 s; EfficientNetB7's
-816, 4.7 s), and the largest applications models that fit MAX_KERAS_JSON_CHARS fit this."""
+model nested in it. Keras loads a Functional model in time that grows with its layers (measured with
+keras.saving.deserialize_keras_object(config, safe_mode=True) on one CPU: chains of 100/200/400/800
+Dense(4), 0.6/1.0/2.2/4.8 s; ResNet50's 177 layers, 1.4 s; EfficientNetB7's 816, 4.7 s). EfficientNetB7
+fits, as an 850 KB body; EfficientNetV2L (1,031) and NASNetLarge (1,041) are over the 1 MiB body anyway."""
 MAX_SEQUENTIAL_LAYERS = 200
 """Most layer configs one Sequential may hold. Keras rebuilds a Sequential's graph for every layer it
-adds, so its load time grows with the square of its layers (measured: 100/200/400 Dense(4),
-3.2/17.2/54.1 s; 800, 149 s; 1,500 held a worker 258 s, then failed on Python's recursion limit)."""
+adds, so its load time grows with the square of its layers (measured as above: 100/200/400 Dense(4),
+3.2/17.2/54.1 s; in issue 17's run, 800 took 149 s and 1,500 held a worker 258 s, then failed on
+Python's recursion limit)."""
 KERAS_MODELS = frozenset({"Sequential", "Functional", "Model"})
 
 

@@ -118,6 +118,14 @@ def test_a_malformed_comparison_id_is_a_404_like_a_missing_comparison_or_another
     assert body == {"detail": f"No comparison with id {comparison_id!r}."}
 
 
+def test_the_routes_tried_above_are_every_route_with_an_id(client: httpx.Client) -> None:
+    """A route added later with an id in its path must be added to JOB_ROUTES (or the comparisons' test)."""
+    with_ids = {(method.upper(), path) for path, operations in client.get("/openapi.json").json()["paths"].items()
+                for method in operations if "{" in path}
+    tried = {(method, "/jobs/{job_id}" + route.partition("?")[0]) for method, route in JOB_ROUTES}
+    assert with_ids == tried | {("GET", "/comparisons/{comparison_id}"), ("DELETE", "/comparisons/{comparison_id}")}
+
+
 def test_without_a_key_a_malformed_id_is_still_a_401(client: httpx.Client, job_id: str) -> None:
     response = httpx.get(f"{client.base_url}/jobs/{job_id}:events")
     assert response.status_code == 401 and strict_json(response) == {"detail": "Send 'Authorization: Bearer <key>'."}

@@ -11,6 +11,7 @@ import redis
 import redis.asyncio
 from fastapi import FastAPI, Request, status
 from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -18,6 +19,7 @@ from app.api.auth import parse_api_keys
 from app.api.limits import BodySizeLimit
 from app.api.routes import comparisons, dashboard, health, jobs, layers, metrics, prometheus
 from app.api.services import LiveWorkers
+from app.api.validation import validation_error
 from app.core.config import Settings, get_settings
 from app.core.errors import (
     IdempotencyConflict,
@@ -103,6 +105,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             detail = [{"type": "json_invalid", "loc": ["body"], "msg": "The body is not JSON that can be parsed."}]
             return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
         return await http_exception_handler(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # What a body, query or header failed on, echoed in strict JSON even when it held NaN or "\ud800".
+        return validation_error(exc)
 
     async def redis_down(request: Request, exc: Exception) -> JSONResponse:
         log.warning("redis unavailable: %s", exc)

@@ -15,12 +15,24 @@ from pydantic import (
     model_validator,
 )
 
-from app.core.strict import Strict
+from app.core.strict import Integer, Number, Strict, Text
 
 MAX_KERAS_JSON_CHARS = 1_000_000
 """A model config larger than this is refused before it is parsed."""
 MAX_KERAS_JSON_DEPTH = 64
 """Deeper nesting than any real model config; refused before Keras sees it."""
+MAX_KERAS_LAYERS = 1000
+"""Most layer configs a keras_json may hold: the entries of `config.layers` of the model and of every
+model nested in it. Keras loads a Functional model in time that grows with its layers (measured with
+keras.saving.deserialize_keras_object(config, safe_mode=True) on one CPU: chains of 100/200/400/800
+Dense(4), 0.6/1.0/2.2/4.8 s; ResNet50's 177 layers, 1.4 s; EfficientNetB7's 816, 4.7 s). EfficientNetB7
+fits, as an 850 KB body; EfficientNetV2L (1,031) and NASNetLarge (1,041) are over the 1 MiB body anyway."""
+MAX_SEQUENTIAL_LAYERS = 200
+"""Most layer configs one Sequential may hold. Keras rebuilds a Sequential's graph for every layer it
+adds, so its load time grows with the square of its layers (measured as above: 100/200/400 Dense(4),
+3.2/17.2/54.1 s; in issue 17's run, 800 took 149 s and 1,500 held a worker 258 s, then failed on
+Python's recursion limit)."""
+KERAS_MODELS = frozenset({"Sequential", "Functional", "Model"})
 
 
 # --- model -----------------------------------------------------------------
@@ -28,16 +40,16 @@ MAX_KERAS_JSON_DEPTH = 64
 
 class MlpModel(Strict):
     name: Literal["mlp"]
-    input_dim: int = Field(784, ge=1, le=65_536)
-    hidden_units: int = Field(128, ge=1, le=16_384)
-    classes: int = Field(10, ge=2, le=10_000)
+    input_dim: Integer = Field(784, ge=1, le=65_536)
+    hidden_units: Integer = Field(128, ge=1, le=16_384)
+    classes: Integer = Field(10, ge=2, le=10_000)
 
 
 class CnnModel(Strict):
     name: Literal["cnn"]
-    image_size: int = Field(32, ge=8, le=512)
-    filters: int = Field(32, ge=1, le=1024)
-    classes: int = Field(10, ge=2, le=10_000)
+    image_size: Integer = Field(32, ge=8, le=512)
+    filters: Integer = Field(32, ge=1, le=1024)
+    classes: Integer = Field(10, ge=2, le=10_000)
 
 
 class Conv3dUnetModel(Strict):
@@ -50,21 +62,21 @@ class Conv3dUnetModel(Strict):
     """
 
     name: Literal["conv3d_unet"]
-    volume: int = Field(16, ge=4, le=256, multiple_of=2)
-    filters: int = Field(8, ge=1, le=256)
-    reference_edge: int = Field(384, ge=1, le=4096)
+    volume: Integer = Field(16, ge=4, le=256, multiple_of=2)
+    filters: Integer = Field(8, ge=1, le=256)
+    reference_edge: Integer = Field(384, ge=1, le=4096)
 
 
 class TransformerModel(Strict):
     name: Literal["transformer"]
-    seq_len: int = Field(64, ge=2, le=8192)
-    vocab_size: int = Field(1000, ge=2, le=262_144)
-    d_model: int = Field(64, ge=8, le=8192)
-    heads: int = Field(4, ge=1, le=128)
-    layers: int = Field(2, ge=1, le=64)
-    ffn_dim: int = Field(256, ge=8, le=65_536)
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    classes: int = Field(10, ge=2, le=10_000)
+    seq_len: Integer = Field(64, ge=2, le=8192)
+    vocab_size: Integer = Field(1000, ge=2, le=262_144)
+    d_model: Integer = Field(64, ge=8, le=8192)
+    heads: Integer = Field(4, ge=1, le=128)
+    layers: Integer = Field(2, ge=1, le=64)
+    ffn_dim: Integer = Field(256, ge=8, le=65_536)
+    dropout: Number = Field(0.0, ge=0.0, lt=1.0)
+    classes: Integer = Field(10, ge=2, le=10_000)
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> TransformerModel:
@@ -139,7 +151,7 @@ class KerasJsonModel(Strict):
     class name (`"mse"`, `"MeanSquaredError"`) becomes the long one (`"mean_squared_error"`).
     """
 
-    keras_json: str = Field(min_length=2, max_length=MAX_KERAS_JSON_CHARS)
+    keras_json: Text = Field(min_length=2, max_length=MAX_KERAS_JSON_CHARS)
     loss: KerasLoss = Field(json_schema_extra={"enum": [*KERAS_LOSSES, *LOSS_ALIASES]})
 
     @field_validator("keras_json")
@@ -178,13 +190,14 @@ def walk_config(node: Any, depth: int = 0) -> Iterator[dict[str, Any]]:
 
 
 def check_keras_json(text: str) -> dict[str, Any]:
-    """Refuse configs that could run code (Lambda, custom or non-Keras classes),
-    before Keras parses a single layer."""
+    """Refuse configs that could run code (Lambda, custom or non-Keras classes), or that Keras would take
+    minutes to load (over MAX_KERAS_LAYERS layers, a Sequential over MAX_SEQUENTIAL_LAYERS), before Keras
+    parses a single layer."""
     try:
         config = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise ValueError(f"model.keras_json is not valid JSON: {exc}") from None
-    if not isinstance(config, dict) or config.get("class_name") not in {"Sequential", "Functional", "Model"}:
+    if not isinstance(config, dict) or config.get("class_name") not in KERAS_MODELS:
         raise ValueError(
             "model.keras_json must be a Sequential or Functional model from model.to_json(). "
             f"Received: class_name={config.get('class_name') if isinstance(config, dict) else None!r}"
@@ -197,19 +210,49 @@ def check_keras_json(text: str) -> dict[str, Any]:
             raise ValueError(
                 "model.keras_json contains a Lambda layer, which runs code; only built-in layers are allowed."
             )
-        module = node.get("module")
-        if module is not None and not str(module).startswith("keras"):
-            raise ValueError(
-                f"model.keras_json uses {name!r} from module {module!r}; only Keras's own classes are allowed."
-            )
+        module = node.get("module", "keras")
+        if not isinstance(module, str) or not (module == "keras" or module.startswith("keras.")):
+            raise ValueError(f"model.keras_json uses {name!r} from module {module!r}; only Keras's own classes "
+                             "(module 'keras' or 'keras.*') are allowed.")
         registered = node.get("registered_name")
         if registered is not None and registered != name:
             raise ValueError(
                 f"model.keras_json uses the custom object {registered!r}; only Keras's own classes are allowed."
             )
+    count = layer_count(config)
+    if count > MAX_KERAS_LAYERS:
+        raise ValueError(f"model.keras_json has {count} layer configs (nested models' included); at most "
+                         f"{MAX_KERAS_LAYERS} are allowed.")
     return config
 
 
+def _layers_of(node: dict[str, Any]) -> list[Any] | None:
+    """A model's own layer configs, or None for a layer that is not a model."""
+    config = node.get("config")
+    layers = config.get("layers") if node.get("class_name") in KERAS_MODELS and isinstance(config, dict) else None
+    return layers if isinstance(layers, list) else None
+
+
+def layer_count(config: dict[str, Any]) -> int:
+    """The layer configs of a model config and of the models nested in it; refuses a Sequential of more than
+    MAX_SEQUENTIAL_LAYERS.
+
+    >>> dense = {"class_name": "Dense", "config": {"units": 4}}
+    >>> layer_count({"class_name": "Functional", "config": {"layers": [
+    ...     dense, {"class_name": "Sequential", "config": {"layers": [dense, dense]}}]}})
+    4
+    """
+    count = 0
+    for node in walk_config(config):
+        layers = _layers_of(node)
+        if layers is None:
+            continue
+        if node.get("class_name") == "Sequential" and len(layers) > MAX_SEQUENTIAL_LAYERS:
+            raise ValueError(f"model.keras_json has a Sequential of {len(layers)} layers; at most "
+                             f"{MAX_SEQUENTIAL_LAYERS} are allowed (Keras loads a Sequential in time that grows "
+                             "with the square of its layers).")
+        count += len(layers)
+    return count
 
 
 def model_tag(value: Any) -> str | None:

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from app.core.model_specs import ModelSpec, model_tag
-from app.core.strict import Strict
+from app.core.strict import Integer, Number, Strict, Text
 
 
 class PrecisionPolicy(StrEnum):
@@ -58,13 +58,13 @@ class NoLossScale(Strict):
 
 class FixedLossScale(Strict):
     mode: Literal["fixed"] = "fixed"
-    scale: float = Field(1024.0, ge=1.0, le=2.0**64)
+    scale: Number = Field(1024.0, ge=1.0, le=2.0**64)
 
 
 class DynamicLossScale(Strict):
     mode: Literal["dynamic"] = "dynamic"
-    initial_scale: float = Field(32768.0, ge=1.0, le=2.0**64)
-    growth_steps: int = Field(2000, ge=1, le=1_000_000)
+    initial_scale: Number = Field(32768.0, ge=1.0, le=2.0**64)
+    growth_steps: Integer = Field(2000, ge=1, le=1_000_000)
 
 
 LossScale = Annotated[
@@ -75,6 +75,8 @@ LossScale = Annotated[
 # --- training, data, spec ---------------------------------------------------
 
 
+MAX_STEPS = 10_000_000
+"""The most steps a job trains: step numbers (a metrics page's `after`, Last-Event-ID) go up to it."""
 UNDERFLOW_CHECK_EVERY = 100
 """The float32 check's default interval: two extra gradient computations per 100 steps."""
 MAX_DEVICES = 16
@@ -82,22 +84,22 @@ MAX_DEVICES = 16
 
 
 class TrainingSpec(Strict):
-    steps: int = Field(200, ge=1, le=10_000_000)
-    batch_size: int = Field(32, ge=1, le=65_536)
+    steps: Integer = Field(200, ge=1, le=MAX_STEPS)
+    batch_size: Integer = Field(32, ge=1, le=65_536)
     optimizer: Literal["adam", "adamw", "sgd", "rmsprop"] = "adam"
-    learning_rate: float = Field(0.001, gt=0.0, le=10.0)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    checkpoint_every: int = Field(50, ge=1, le=10_000_000)
-    max_seconds: int | None = Field(None, ge=1, le=30 * 24 * 3600)
+    learning_rate: Number = Field(0.001, gt=0.0, le=10.0)
+    seed: Integer = Field(0, ge=0, le=2**31 - 1)
+    checkpoint_every: Integer = Field(50, ge=1, le=MAX_STEPS)
+    max_seconds: Integer | None = Field(None, ge=1, le=30 * 24 * 3600)
     """Fail with reason `timeout` once an attempt has trained this long. None: no limit."""
-    underflow_check_every: int = Field(UNDERFLOW_CHECK_EVERY, ge=0, le=10_000_000)
+    underflow_check_every: Integer = Field(UNDERFLOW_CHECK_EVERY, ge=0, le=10_000_000)
     """Under a float16/bfloat16 compute policy, compare the step's gradient with float32's at
     step 1 and every multiple of this step (worker/float32_check.py). 0 turns the check off."""
-    layer_check_every: int | None = Field(None, ge=0, le=10_000_000)
+    layer_check_every: Integer | None = Field(None, ge=0, le=10_000_000)
     """Record every layer's gradient and activation numerics (GET /jobs/{id}/layers) at step 1 and
     every multiple of this step. None: on the float32 check's steps (`underflow_check_every`) under a
     float16/bfloat16 compute policy, and never under float32. 0 turns the layer checks off, at no cost."""
-    devices: int = Field(1, ge=1, le=MAX_DEVICES)
+    devices: Integer = Field(1, ge=1, le=MAX_DEVICES)
     """Train on this many devices of one worker with `tf.distribute.MirroredStrategy`, each replica
     taking `batch_size / devices` rows of every step. Queued only to workers with that many devices."""
 
@@ -114,15 +116,15 @@ class SyntheticDataset(Strict):
     """Inputs drawn from N(0, 1); labels from a fixed random teacher network."""
 
     kind: Literal["synthetic"] = "synthetic"
-    samples: int = Field(4096, ge=1, le=10_000_000)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
+    samples: Integer = Field(4096, ge=1, le=10_000_000)
+    seed: Integer = Field(0, ge=0, le=2**31 - 1)
 
 
 class NpzDataset(Strict):
     """Arrays `x` and `y` in a `.npz` file under the configured data root."""
 
     kind: Literal["npz"] = "npz"
-    path: str = Field(min_length=1, max_length=1024)
+    path: Text = Field(min_length=1, max_length=1024)
 
     @field_validator("path")
     @classmethod
@@ -196,7 +198,7 @@ class Variant(Strict):
 
 
 class JobSpec(Strict):
-    name: str | None = Field(None, max_length=200)
+    name: Text | None = Field(None, max_length=200)
     model: ModelSpec
     precision_policy: PrecisionPolicy = PrecisionPolicy.FLOAT32
     loss_scale: LossScale | None = None
@@ -272,11 +274,11 @@ class ComparisonSpec(Strict):
     The spec's own `precision_policy` and `loss_scale` are replaced by each variant's.
     """
 
-    name: str | None = Field(None, max_length=200)
+    name: Text | None = Field(None, max_length=200)
     spec: JobSpec
     variants: list[Variant] | None = Field(None, min_length=2, max_length=MAX_VARIANTS, validate_default=True)
     """None means float32, mixed_float16 + dynamic, mixed_float16 + none and mixed_bfloat16."""
-    tolerance: float = Field(DEFAULT_MATCH_TOLERANCE, gt=0.0, le=1.0)
+    tolerance: Number = Field(DEFAULT_MATCH_TOLERANCE, gt=0.0, le=1.0)
     """Largest relative gap to float32's final loss that still counts as a match."""
 
     @field_validator("variants", mode="after")

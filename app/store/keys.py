@@ -29,6 +29,7 @@ scripts extend from JOB_INDEX_PREFIX with the job's tenant and state.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 from app.core.job import JobState
@@ -41,6 +42,15 @@ TENANTS = f"{PREFIX}tenants"
 STATS = f"{PREFIX}stats"
 JOB_INDEX_PREFIX = f"{PREFIX}jobs:"
 """`jobs:{tenant}` and `jobs:{tenant}:{state}`: the Lua scripts append the tenant and state themselves."""
+
+
+RECORD_ID = re.compile(r"[0-9a-f]{32}")
+"""Every job and comparison id: `uuid.uuid4().hex` (store/jobs.py, comparisons.py, idempotency.py). Only an
+id of this form may be put into a key: `x:events` would name another record's key."""
+
+
+def is_record_id(text: str) -> bool:
+    return RECORD_ID.fullmatch(text) is not None
 
 
 def job_key(job_id: str) -> str:

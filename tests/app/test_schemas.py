@@ -268,3 +268,218 @@ def test_comparison_jobs_are_named_after_the_comparison_or_the_model_never_after
                                           "variants": [{"precision_policy": "float32"}, fixed]})
     assert [j.name for j in long.job_specs()] == ["x" * 190 + " · float32",
                                                   "x" * 171 + " · mixed_float16 + fixed 1024"]
+
+
+# --- strict types: a number is a JSON number, never a string or a boolean --------------------
+
+FIXED = {"mode": "fixed", "scale": 1024}
+DYNAMIC = {"mode": "dynamic"}
+NUMBER_FIELDS: list[tuple[str, str, Any, Any]] = [
+    # (model, field, where it goes in a spec -> the spec, the loc of its error), a valid value
+    ("TrainingSpec", "steps", lambda v: {"model": MLP, "training": {"steps": v}}, 10),
+    ("TrainingSpec", "batch_size", lambda v: {"model": MLP, "training": {"batch_size": v}}, 8),
+    ("TrainingSpec", "learning_rate", lambda v: {"model": MLP, "training": {"learning_rate": v}}, 1),
+    ("TrainingSpec", "seed", lambda v: {"model": MLP, "training": {"seed": v}}, 3),
+    ("TrainingSpec", "checkpoint_every", lambda v: {"model": MLP, "training": {"checkpoint_every": v}}, 5),
+    ("TrainingSpec", "max_seconds", lambda v: {"model": MLP, "training": {"max_seconds": v}}, 60),
+    ("TrainingSpec", "underflow_check_every", lambda v: {"model": MLP, "training": {"underflow_check_every": v}}, 7),
+    ("TrainingSpec", "layer_check_every", lambda v: {"model": MLP, "training": {"layer_check_every": v}}, 7),
+    ("TrainingSpec", "devices", lambda v: {"model": MLP, "training": {"devices": v, "batch_size": 32}}, 2),
+    ("SyntheticDataset", "samples", lambda v: {"model": MLP, "dataset": {"samples": v}}, 64),
+    ("SyntheticDataset", "seed", lambda v: {"model": MLP, "dataset": {"seed": v}}, 1),
+    ("FixedLossScale", "scale", lambda v: {"model": MLP, "loss_scale": {**FIXED, "scale": v}}, 8),
+    ("DynamicLossScale", "initial_scale", lambda v: {"model": MLP, "loss_scale": {**DYNAMIC, "initial_scale": v}}, 8),
+    ("DynamicLossScale", "growth_steps", lambda v: {"model": MLP, "loss_scale": {**DYNAMIC, "growth_steps": v}}, 9),
+    ("MlpModel", "input_dim", lambda v: {"model": {**MLP, "input_dim": v}}, 4),
+    ("MlpModel", "hidden_units", lambda v: {"model": {**MLP, "hidden_units": v}}, 4),
+    ("MlpModel", "classes", lambda v: {"model": {**MLP, "classes": v}}, 4),
+    ("CnnModel", "image_size", lambda v: {"model": {"name": "cnn", "image_size": v}}, 16),
+    ("CnnModel", "filters", lambda v: {"model": {"name": "cnn", "filters": v}}, 4),
+    ("CnnModel", "classes", lambda v: {"model": {"name": "cnn", "classes": v}}, 4),
+    ("Conv3dUnetModel", "volume", lambda v: {"model": {"name": "conv3d_unet", "volume": v}}, 8),
+    ("Conv3dUnetModel", "filters", lambda v: {"model": {"name": "conv3d_unet", "filters": v}}, 4),
+    ("Conv3dUnetModel", "reference_edge", lambda v: {"model": {"name": "conv3d_unet", "reference_edge": v}}, 64),
+    ("TransformerModel", "seq_len", lambda v: {"model": {"name": "transformer", "seq_len": v}}, 8),
+    ("TransformerModel", "vocab_size", lambda v: {"model": {"name": "transformer", "vocab_size": v}}, 50),
+    ("TransformerModel", "d_model", lambda v: {"model": {"name": "transformer", "d_model": v}}, 16),
+    ("TransformerModel", "heads", lambda v: {"model": {"name": "transformer", "heads": v}}, 2),
+    ("TransformerModel", "layers", lambda v: {"model": {"name": "transformer", "layers": v}}, 1),
+    ("TransformerModel", "ffn_dim", lambda v: {"model": {"name": "transformer", "ffn_dim": v}}, 16),
+    ("TransformerModel", "dropout", lambda v: {"model": {"name": "transformer", "dropout": v}}, 0),
+    ("TransformerModel", "classes", lambda v: {"model": {"name": "transformer", "classes": v}}, 3),
+    ("ComparisonSpec", "tolerance", lambda v: {"spec": {"model": MLP}, "tolerance": v}, 1),
+]
+
+
+def number_fields_of(model: type[Any], seen: set[type[Any]] | None = None) -> set[tuple[str, str]]:
+    """(model, field) of every int and float field reachable from `model`, found by walking its annotations."""
+    from typing import get_args
+
+    from pydantic import BaseModel
+
+    seen = set() if seen is None else seen
+    if model in seen:
+        return set()
+    seen.add(model)
+    found: set[tuple[str, str]] = set()
+    for name, field in model.model_fields.items():
+        pending, types = [field.annotation], []
+        while pending:
+            kind = pending.pop()
+            types.append(kind)
+            pending.extend(get_args(kind))
+        if any(kind in (int, float, bool) for kind in types):
+            found.add((model.__name__, name))
+        for kind in types:
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                found |= number_fields_of(kind, seen)
+    return found
+
+
+def test_the_table_of_number_fields_lists_every_number_field_of_the_specs() -> None:
+    from app.core.spec import ComparisonSpec
+
+    assert {(model, field) for model, field, _, _ in NUMBER_FIELDS} == number_fields_of(ComparisonSpec)
+
+
+def validate(data: dict[str, Any]) -> Any:
+    from app.core.spec import ComparisonSpec
+
+    return (ComparisonSpec if "spec" in data else JobSpec).model_validate(data)
+
+
+@pytest.mark.parametrize(("model", "field", "place", "valid"), NUMBER_FIELDS,
+                         ids=[f"{m}.{f}" for m, f, _, _ in NUMBER_FIELDS])
+@pytest.mark.parametrize("wrong", ["10", "1.5", True, False], ids=["str-int", "str-float", "true", "false"])
+def test_a_number_field_refuses_a_string_or_a_boolean_naming_the_field(
+        model: str, field: str, place: Any, valid: Any, wrong: Any) -> None:
+    with pytest.raises(ValidationError) as raised:
+        validate(place(wrong))
+    errs = raised.value.errors()
+    assert len(errs) == 1, errs
+    assert errs[0]["loc"][-1] == field
+    kind = "a boolean" if isinstance(wrong, bool) else "a string"
+    assert errs[0]["msg"] == (f"Value error, Expected {field} to be a number, not {kind}. "
+                              f"Received: {field}={json.dumps(wrong)}")
+    accepted = validate(place(valid))
+    assert validate(json.loads(accepted.model_dump_json())) == accepted
+
+
+def test_whole_floats_stay_accepted_for_ints_and_ints_for_floats() -> None:
+    spec = JobSpec.model_validate({"model": MLP, "training": {"steps": 10.0, "learning_rate": 1},
+                                   "loss_scale": {"mode": "fixed", "scale": 1024}})
+    assert (spec.training.steps, spec.training.learning_rate, spec.loss_scale.scale) == (10, 1.0, 1024.0)  # type: ignore[union-attr]
+    assert type(spec.training.steps) is int and type(spec.training.learning_rate) is float
+    assert only_error({"model": MLP, "training": {"steps": 10.5}})[0] == "training.steps"
+    # What the API stores, the worker reads back (JobSpec.model_validate_json in app/store/jobs.py).
+    assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
+    assert JobSpec.model_validate_json('{"model": {"name": "mlp"}, "training": {"learning_rate": 1}}'
+                                       ).training.learning_rate == 1.0
+
+
+def test_enum_and_literal_strings_stay_accepted() -> None:
+    spec = JobSpec.model_validate({"model": MLP, "precision_policy": "mixed_float16", "loss_scale": "dynamic",
+                                   "device": "cpu", "training": {"optimizer": "sgd"},
+                                   "speed_check": [{"precision_policy": "mixed_bfloat16"}]})
+    assert (spec.precision_policy.value, spec.device, spec.training.optimizer) == ("mixed_float16", "cpu", "sgd")
+
+
+@pytest.mark.parametrize(("place", "loc"), [
+    (lambda text: {"model": MLP, "name": text}, "name"),
+    (lambda text: {"model": MLP, "dataset": {"kind": "npz", "path": text}}, "dataset.npz.path"),
+    (lambda text: {"model": {"keras_json": _keras_json([]).replace('"s"', f'"{text}"'), "loss": "mse"}},
+     "model.keras_json.keras_json"),
+])
+def test_text_with_a_lone_surrogate_is_refused(place: Any, loc: str) -> None:
+    """A lone surrogate cannot be stored or sent as UTF-8: refused at the field, not a 500 later."""
+    field, msg = only_error(place("a\ud800b"))
+    assert field == loc
+    assert msg.startswith("Value error, Expected ") and "\\ud800" in msg
+    assert JobSpec.model_validate(place("a\U0001f600b"))  # a whole pair, 😀, is text
+
+
+# --- keras_json: Keras's own modules only; a bounded number of layers ------------------------
+
+KERAS_LAYER_CAP = 1000
+SEQUENTIAL_LAYER_CAP = 200
+"""docs/reliability.md: a keras_json of more than 1,000 layer configs, or a Sequential of more than 200, is a 422."""
+
+
+def dense(units: int = 4) -> dict[str, Any]:
+    return {"module": "keras.layers", "class_name": "Dense", "config": {"units": units}}
+
+
+@pytest.mark.parametrize("module", ["kerasevil.layers", "keras_evil", "kerasx", "", "os", "evil.keras", 5, None])
+def test_a_module_outside_keras_is_refused(module: Any) -> None:
+    layer = {**dense(), "module": module}
+    field, msg = only_error({"model": {"keras_json": _keras_json([layer]), "loss": "mse"}})
+    assert field == "model.keras_json.keras_json"
+    assert msg == (f"Value error, model.keras_json uses 'Dense' from module {module!r}; only Keras's own classes "
+                   "(module 'keras' or 'keras.*') are allowed.")
+
+
+@pytest.mark.parametrize("module", ["keras", "keras.layers", "keras.src.models.functional", "keras.src.ops.numpy"])
+def test_keras_and_its_submodules_are_allowed(module: str) -> None:
+    assert JobSpec.model_validate({"model": {"keras_json": _keras_json([{**dense(), "module": module}]),
+                                             "loss": "mse"}})
+
+
+def functional(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"module": "keras", "class_name": "Functional", "config": {"name": "f", "layers": layers}}
+
+
+def sequential(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"module": "keras", "class_name": "Sequential", "config": {"name": "s", "layers": layers}}
+
+
+def keras_spec(config: dict[str, Any]) -> dict[str, Any]:
+    return {"model": {"keras_json": json.dumps(config), "loss": "mse"}}
+
+
+def test_keras_json_of_exactly_the_layer_cap_is_accepted_and_one_more_refused() -> None:
+    # Four nested Sequentials of 200 layers each (804 configs) and 196 layers of the Functional itself.
+    nested = [sequential([dense() for _ in range(SEQUENTIAL_LAYER_CAP)]) for _ in range(4)]
+    at_cap = functional([*nested, *[dense() for _ in range(KERAS_LAYER_CAP - 4 - 4 * SEQUENTIAL_LAYER_CAP)]])
+    assert JobSpec.model_validate(keras_spec(at_cap))
+    over = functional([*nested, *[dense() for _ in range(KERAS_LAYER_CAP + 1 - 4 - 4 * SEQUENTIAL_LAYER_CAP)]])
+    field, msg = only_error(keras_spec(over))
+    assert field == "model.keras_json.keras_json"
+    assert msg == ("Value error, model.keras_json has 1001 layer configs (nested models' included); at most 1000 "
+                   "are allowed.")
+
+
+def test_a_sequential_of_exactly_its_cap_is_accepted_and_one_more_refused() -> None:
+    assert JobSpec.model_validate(keras_spec(sequential([dense() for _ in range(SEQUENTIAL_LAYER_CAP)])))
+    field, msg = only_error(keras_spec(sequential([dense() for _ in range(SEQUENTIAL_LAYER_CAP + 1)])))
+    assert field == "model.keras_json.keras_json"
+    assert msg == ("Value error, model.keras_json has a Sequential of 201 layers; at most 200 are allowed "
+                   "(Keras loads a Sequential in time that grows with the square of its layers).")
+    nested = functional([sequential([dense() for _ in range(SEQUENTIAL_LAYER_CAP + 1)])])
+    assert "a Sequential of 201 layers" in only_error(keras_spec(nested))[1]
+
+
+def test_real_keras_configs_pass_the_checks() -> None:
+    """What model.to_json() writes: every module it names is allowed, and its layers are counted."""
+    import keras
+    from keras import layers
+
+    from app.core.model_specs import check_keras_json, layer_count
+
+    head = keras.Sequential([layers.Dense(4), layers.Dense(2, activation="softmax", dtype="float32")])
+    inputs = keras.Input((16, 16, 3))
+    x = layers.Conv2D(8, 3, kernel_initializer=keras.initializers.HeNormal())(inputs)
+    x = layers.BatchNormalization()(x)
+    x = layers.Reshape((14 * 14, 8))(x)
+    x = layers.MultiHeadAttention(2, 4, kernel_regularizer=keras.regularizers.L2(1e-4))(x, x)
+    x = layers.LayerNormalization(dtype=keras.DTypePolicy("mixed_float16"))(x)
+    functional_model = keras.Model(inputs, head(layers.GlobalAveragePooling1D()(x)))
+    sequential_model = keras.Sequential([keras.Input((8,)), layers.Embedding(100, 16), layers.LayerNormalization(),
+                                         layers.Dense(4, kernel_constraint=keras.constraints.MaxNorm(2),
+                                                      activity_regularizer="l1", dtype="mixed_float16")])
+    resnet = keras.applications.ResNet50(weights=None)
+    # Config entries: the Functional's 8 (its InputLayer included) and its head's InputLayer (made when
+    # it was built) and 2 layers; the Sequential's InputLayer and 3 layers; ResNet50's 177.
+    for model, count in [(functional_model, 8 + 1 + 2), (sequential_model, 1 + 3), (resnet, 177)]:
+        config = check_keras_json(model.to_json())
+        assert layer_count(config) == count
+        assert JobSpec.model_validate({"model": {"keras_json": model.to_json(), "loss": "mse"}})

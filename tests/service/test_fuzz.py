@@ -1,11 +1,14 @@
 """schemathesis against the app's own /openapi.json: no 5xx, every response as declared.
 
 Its own Redis and API and no worker, so generated jobs (some of them huge) are
-only queued, never run. Fixed seed, bounded time.
+only queued, never run. Fixed seed, bounded time. Every other case carries a hostile
+value no schema can express (tests/service/fuzz_hooks.py): NaN, lone surrogates,
+malformed ids, 5,000-digit integers.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.service.hostile import WELL_FORMED_ID
 from tests.stack import ROOT, Stack, private_stack
 
 MIN_REQUESTS = 500
@@ -47,7 +51,8 @@ def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(api_only: Sta
         # /readyz answers 503 by design here: this API has no worker.
         "--exclude-path", "/readyz",
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.service.fuzz_hooks"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=ROOT, env=env)
     assert server_errors(api_only) == [], done.stdout[-4000:]
     if done.returncode != 0:
         ARTIFACTS.mkdir(exist_ok=True)
@@ -59,9 +64,12 @@ def test_schemathesis_finds_no_server_error_and_no_schema_mismatch(api_only: Sta
         assert failed is None, done.stdout[-6000:]
         warnings.warn("schemathesis stopped with an error of its own; see "
                       "test-artifacts/schemathesis-first-failure.txt", stacklevel=1)
-        done = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=ROOT)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=ROOT, env=env)
         assert server_errors(api_only) == [], done.stdout[-4000:]
     assert done.returncode == 0, done.stdout[-6000:]
+    log = (api_only.logs / "api.log").read_text(errors="replace")
+    assert f"/jobs/{WELL_FORMED_ID}%3Aevents" in log and f"={10**30}" in log, \
+        "the hostile cases of tests/service/fuzz_hooks.py were not sent"
     generated = re.search(r"(\d+) generated", done.stdout)
     assert generated is not None, done.stdout[-2000:]
     assert int(generated.group(1)) >= MIN_REQUESTS

@@ -216,7 +216,8 @@ def test_redis_down_is_503_with_a_clear_message(stack: Stack) -> None:
     try:
         base = f"http://127.0.0.1:{port}"
         wait_until(lambda: httpx.get(f"{base}/healthz").status_code == 200, 30, "the second API")
-        for method, path, body in [("GET", "/jobs/abc", None), ("GET", "/jobs", None),
+        # A well-formed id: a malformed one is a 404 before Redis is asked.
+        for method, path, body in [("GET", f"/jobs/{'0' * 32}", None), ("GET", "/jobs", None),
                                    ("POST", "/jobs", {"model": {"name": "mlp"}}), ("GET", "/readyz", None)]:
             response = httpx.request(method, base + path, json=body, timeout=10)
             assert response.status_code == 503, (path, response.text)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Query, Response, status
+from fastapi import APIRouter, Body, Header, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from app.api import services
 from app.api.deps import RQRedisDep, StoreDep, TenantDep
+from app.api.params import ComparisonIdDep, ComparisonPageLimit, Cursor
 from app.api.resources import ERROR_RESPONSES, Comparison, ComparisonPage, ErrorBody
 from app.core.spec import ComparisonSpec
 
@@ -53,14 +54,13 @@ async def submit_comparison(
 
 @router.get("", response_model=ComparisonPage)
 async def list_comparisons(
-    store: StoreDep, tenant: TenantDep, limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    cursor: Annotated[int | None, Query(ge=0, description="next_cursor of the previous page")] = None,
+    store: StoreDep, tenant: TenantDep, limit: ComparisonPageLimit = 20, cursor: Cursor = None,
 ) -> ComparisonPage:
     return await run_in_threadpool(services.list_comparisons, store, tenant, limit, cursor)
 
 
 @router.get("/{comparison_id}", response_model=Comparison, responses=NOT_FOUND)
-async def get_comparison(comparison_id: str, store: StoreDep, tenant: TenantDep) -> Comparison:
+async def get_comparison(comparison_id: ComparisonIdDep, store: StoreDep, tenant: TenantDep) -> Comparison:
     """Per variant: final loss and its gap to float32, its run's throughput, its step time against
     float32's (all variants timed in turns by the baseline job, with quartiles), skips, zero gradients,
     diagnoses; then the verdict in words."""
@@ -69,5 +69,6 @@ async def get_comparison(comparison_id: str, store: StoreDep, tenant: TenantDep)
 
 @router.delete("/{comparison_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Comparison,
                responses=NOT_FOUND)
-async def cancel_comparison(comparison_id: str, store: StoreDep, redis: RQRedisDep, tenant: TenantDep) -> Comparison:
+async def cancel_comparison(comparison_id: ComparisonIdDep, store: StoreDep, redis: RQRedisDep,
+                            tenant: TenantDep) -> Comparison:
     return await run_in_threadpool(services.cancel_comparison, store, redis, comparison_id, tenant)

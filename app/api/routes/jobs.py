@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Header, Query, Response, status
+from fastapi import APIRouter, Body, Header, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
 from app.api import services
 from app.api.deps import RQRedisDep, SettingsDep, StoreDep, TenantDep, WorkersDep
 from app.api.examples import SPEC_EXAMPLES
+from app.api.params import Cursor, JobIdDep, JobPageLimit
 from app.api.resources import JOB_ERROR_RESPONSES, JobPage
 from app.core.job import Job, JobState
 from app.core.spec import JobSpec
@@ -40,25 +41,25 @@ async def list_jobs(
     store: StoreDep,
     tenant: TenantDep,
     state: JobState | None = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[int | None, Query(ge=0, description="next_cursor of the previous page")] = None,
+    limit: JobPageLimit = 50,
+    cursor: Cursor = None,
 ) -> JobPage:
     return await run_in_threadpool(services.list_jobs, store, tenant, state, limit, cursor)
 
 
 @router.get("/{job_id}", response_model=Job)
-async def get_job(job_id: str, store: StoreDep, tenant: TenantDep, workers: WorkersDep) -> Job:
+async def get_job(job_id: JobIdDep, store: StoreDep, tenant: TenantDep, workers: WorkersDep) -> Job:
     return await run_in_threadpool(services.get, store, job_id, tenant, workers)
 
 
 @router.delete("/{job_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Job)
-async def cancel_job(job_id: str, store: StoreDep, redis: RQRedisDep, tenant: TenantDep) -> Job:
+async def cancel_job(job_id: JobIdDep, store: StoreDep, redis: RQRedisDep, tenant: TenantDep) -> Job:
     """Queued: canceled at once. Running: its worker stops after its current step; a worker that does not
     answer within 3 s (or whose lease is gone) is presumed dead, and the job is canceled at once. Ended: unchanged."""
     return await run_in_threadpool(services.cancel, store, redis, job_id, tenant)
 
 
 @router.get("/{job_id}/artifacts/model.keras", response_class=FileResponse)
-async def model_artifact(job_id: str, store: StoreDep, settings: SettingsDep, tenant: TenantDep) -> FileResponse:
+async def model_artifact(job_id: JobIdDep, store: StoreDep, settings: SettingsDep, tenant: TenantDep) -> FileResponse:
     path = await run_in_threadpool(services.artifact, store, settings, job_id, tenant)
     return FileResponse(path, media_type="application/octet-stream", filename=f"{job_id}.keras")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 
 from app.api import services
 from app.api.deps import StoreDep, TenantDep
+from app.api.params import AfterStep, JobIdDep, PageLimit
 from app.api.resources import JOB_ERROR_RESPONSES
 from app.core.job import LayersPage
 
@@ -17,11 +16,11 @@ router = APIRouter(prefix="/jobs/{job_id}/layers", tags=["layers"], responses=JO
 
 @router.get("", response_model=LayersPage)
 async def read_layers(
-    job_id: str,
+    job_id: JobIdDep,
     store: StoreDep,
     tenant: TenantDep,
-    after: Annotated[int, Query(ge=0, description="return checks of steps after this one")] = 0,
-    limit: Annotated[int, Query(ge=1, description=f"capped at {services.MAX_PAGE}")] = 1000,
+    after: AfterStep = 0,
+    limit: PageLimit = 1000,
 ) -> LayersPage:
     """Layer checks in step order, each once: every layer's gradient and activation numerics at a step.
 

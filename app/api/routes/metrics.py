@@ -4,27 +4,31 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from app.api import services
 from app.api.deps import StoreDep, TenantDep
+from app.api.params import AfterStep, JobIdDep, LastEventId, PageLimit, ResumeAfterStep, whole_number
 from app.api.resources import JOB_ERROR_RESPONSES
 from app.api.sse import stream_job
 from app.core.job import MetricsBuckets, MetricsPage
 
 router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"], responses=JOB_ERROR_RESPONSES)
+MAX_POINTS = 10_000
+"""The most buckets a `max_points` view has."""
 
 
 @router.get("", response_model=MetricsPage | MetricsBuckets)
 async def read_metrics(
-    job_id: str,
+    job_id: JobIdDep,
     store: StoreDep,
     tenant: TenantDep,
-    after: Annotated[int, Query(ge=0, description="return steps after this one")] = 0,
-    limit: Annotated[int, Query(ge=1, description=f"capped at {services.MAX_PAGE}")] = 1000,
-    max_points: Annotated[int | None, Query(ge=1, le=10_000, description="bucket the whole run")] = None,
+    after: AfterStep = 0,
+    limit: PageLimit = 1000,
+    max_points: Annotated[int | None, Query(ge=1, le=MAX_POINTS, description="bucket the whole run"),
+                          whole_number("max_points", 1, MAX_POINTS)] = None,
 ) -> MetricsPage | Response:
     """Step records in step order, each once; or, with `max_points`, min/mean/max buckets over the whole run."""
     if max_points is not None:
@@ -35,12 +39,12 @@ async def read_metrics(
 
 @router.get("/stream", response_class=StreamingResponse)
 async def stream_metrics(
-    job_id: str,
+    job_id: JobIdDep,
     request: Request,
     store: StoreDep,
     tenant: TenantDep,
-    after: Annotated[int | None, Query(ge=0)] = None,
-    last_event_id: Annotated[str | None, Header()] = None,
+    after: ResumeAfterStep = None,
+    last_event_id: LastEventId = None,
 ) -> StreamingResponse:
     """Server-Sent Events: `metrics` (id = step), `layers`, `state`, and `end` once the job is terminal.
 
@@ -48,9 +52,10 @@ async def stream_metrics(
     `Last-Event-ID`. A check comes just before the `metrics` event of its step, so a resume after step N
     (`Last-Event-ID: N`, or `after=N`) sends the checks after step N and misses none; a connection cut
     between a check and its step's `metrics` event sends that check again (tell them apart by `step`).
+    `Last-Event-ID` and `after` are steps, 0 to 10,000,000: anything else is a 422 naming it.
     """
     await run_in_threadpool(services.get, store, job_id, tenant)
-    start = int(last_event_id) if last_event_id and last_event_id.isdigit() else (after or 0)
+    start = last_event_id if last_event_id is not None else (after or 0)
     return StreamingResponse(
         stream_job(request.app.state.aredis, job_id, start, request.is_disconnected),
         media_type="text/event-stream",

@@ -109,7 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # What a body, query or header failed on, echoed in strict JSON even when it held NaN or "\ud800".
-        return validation_error(exc)
+        return validation_error(exc, request.headers.get("content-type"))
 
     async def redis_down(request: Request, exc: Exception) -> JSONResponse:
         log.warning("redis unavailable: %s", exc)

@@ -37,7 +37,37 @@ def strict_json(value: Any) -> Any:
     return value
 
 
-def validation_error(exc: RequestValidationError) -> JSONResponse:
-    """FastAPI's 422, `{"detail": [{"type", "loc", "msg", "input", ...}]}`, made strict JSON."""
-    detail = strict_json(jsonable_encoder(exc.errors()))
+ECHO_CHARS = 500
+"""An echoed input longer than this is cut: a 160 KB keras_json need not come back whole to say what is wrong."""
+
+
+def _echo(value: Any) -> Any:
+    if isinstance(value, str | bytes) and len(value) > ECHO_CHARS:
+        text = value if isinstance(value, str) else value.decode("utf-8", "replace")
+        return f"{text[:ECHO_CHARS]}… ({len(value):,} {'characters' if isinstance(value, str) else 'bytes'})"
+    return value
+
+
+def is_json(content_type: str | None) -> bool:
+    """`application/json`, or a `+json` type such as `application/merge-patch+json`; parameters ignored.
+    (FastAPI reads a body without a content type as bytes, not JSON.)"""
+    media = (content_type or "").split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def validation_error(exc: RequestValidationError, content_type: str | None = None) -> JSONResponse:
+    """FastAPI's 422, `{"detail": [{"type", "loc", "msg", "input", ...}]}`, made strict JSON, long inputs cut.
+
+    A body sent as anything but JSON (curl's `-d` alone sends a form) is a 415 that says what to send,
+    not a 422 that echoes the body as an invalid dictionary.
+    """
+    errors = exc.errors()
+    on_body = any(error.get("loc", ())[:1] == ("body",) for error in errors)
+    if on_body and not is_json(content_type):
+        received = (content_type or "").split(";")[0].strip() or "none"
+        detail = (f"Send the body as JSON, with the header 'Content-Type: application/json' (curl: "
+                  f"-H 'content-type: application/json'). Received: content-type {received!r}")
+        return JSONResponse({"detail": detail}, status_code=status.HTTP_415_UNSUPPORTED_MEDIA_TYPE)
+    echoed = [{**error, "input": _echo(error["input"])} if "input" in error else error for error in errors]
+    detail = strict_json(jsonable_encoder(echoed))
     return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)

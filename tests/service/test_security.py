@@ -58,11 +58,38 @@ def test_body_over_one_mib_is_413_and_writes_nothing(stack: Stack, client: httpx
 
 @pytest.mark.parametrize(("content", "content_type"), [
     (b'{"model": {"name": "mlp"}}', "text/plain"),
-    (b"model=mlp", "application/x-www-form-urlencoded"),
+    (b'{"model": {"name": "mlp"}}', "application/x-www-form-urlencoded"),  # curl -d without -H
+    (b"model=mlp", "multipart/form-data; boundary=x"),
+])
+def test_a_body_that_is_not_sent_as_json_is_415_saying_what_to_send(stack: Stack, client: httpx.Client,
+                                                                    content: bytes, content_type: str) -> None:
+    before = stack.writes()
+    for path in ("/jobs", "/comparisons"):
+        response = client.post(path, content=content, headers={"content-type": content_type})
+        assert response.status_code == 415, response.text
+        assert response.json()["detail"] == (
+            "Send the body as JSON, with the header 'Content-Type: application/json' (curl: -H 'content-type: "
+            f"application/json'). Received: content-type {content_type.split(';')[0]!r}")
+    assert stack.writes() == before
+
+
+def test_a_body_without_a_content_type_is_415_too(client: httpx.Client) -> None:
+    response = client.post("/jobs", content=b'{"model": {"name": "mlp"}}')
+    assert response.status_code == 415 and response.json()["detail"].endswith("Received: content-type 'none'")
+
+
+def test_a_long_input_is_echoed_cut(client: httpx.Client) -> None:
+    body = {"model": {"keras_json": "x" * 100_000, "loss": "mse"}}
+    response = client.post("/jobs", json=body)
+    assert response.status_code == 422 and len(response.content) < 5_000
+    assert "… (100,000 characters)" in response.text
+
+
+@pytest.mark.parametrize(("content", "content_type"), [
     (b'{"model": ' * 5000, "application/json"),
     (b"[" * 100_000 + b"]" * 100_000, "application/json"),
 ])
-def test_wrong_content_type_or_malformed_json_is_422(stack: Stack, client: httpx.Client, content: bytes,
+def test_malformed_json_is_422(stack: Stack, client: httpx.Client, content: bytes,
                                                      content_type: str) -> None:
     before = stack.writes()
     assert client.post("/jobs", content=content, headers={"content-type": content_type}).status_code == 422

@@ -10,9 +10,11 @@ Keys (prefix `mpjobs:`):
     jobs:{tenant}:{state} zset the tenant's job ids in that state, same scores
     idem:{tenant}:{sha} string Idempotency-Key -> {fingerprint, job_id}, kept IDEMPOTENCY_TTL_S
     job:{id}:lease      string the running attempt's lease, renewed while it lives
+    job:{id}:archiving  string a worker's claim on archiving the job's history, kept ARCHIVE_CLAIM_S
     job:{id}:view:{n}   string the `max_points=n` view as JSON (n = 500 or 1000), kept VIEW_TTL_S;
                                `...:fresh` marks it current (an ended job's: a day; a running one's: 1 s)
     running             set    ids of running jobs, for the reaper
+    ended               zset   ended jobs whose history is still in Redis, scored by when they ended (Unix s)
     seq                 string creation sequence counter
     tenants             set    every tenant that has created a job (for /metrics)
     stats               hash   counters since the database began: steps, skipped_steps, diagnoses:{code}
@@ -23,6 +25,9 @@ A step is one entry of `job:{id}:metrics`, id `{step}-0`, field `r` holding the 
 a rollup one entry of `job:{id}:rollup`, id `{index}-0`, field `a`. Only this module spells them; the
 Lua scripts get them as arguments, except the per-state indexes, which the transition and reap
 scripts extend from JOB_INDEX_PREFIX with the job's tenant and state.
+
+Once a job's history is archived (app/store/archive.py), its record holds ARCHIVED_FIELD and its
+metrics, rollup and layers streams are gone: readers take the history from the files then.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from app.core.records import LayerCheck, StepRecord
 
 PREFIX = "mpjobs:"
 RUNNING = f"{PREFIX}running"
+ENDED = f"{PREFIX}ended"
 SEQ = f"{PREFIX}seq"
 TENANTS = f"{PREFIX}tenants"
 STATS = f"{PREFIX}stats"
@@ -70,6 +76,10 @@ def lease_key(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:lease"
 
 
+def archive_claim_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:archiving"
+
+
 def view_fresh_key(job_id: str, max_points: int) -> str:
     """Present while the cached view of that size is current."""
     return f"{view_key(job_id, max_points)}:fresh"
@@ -89,6 +99,11 @@ def index_key(tenant: str, state: JobState | None = None) -> str:
 
 def idempotency_key(tenant: str, key: str) -> str:
     return f"{PREFIX}idem:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
+ARCHIVED_FIELD = "archived"
+"""The job record's field that says its history is archived: the archive's JSON description
+(app/store/archive.py `ArchiveInfo`). Absent while the history is in Redis."""
 
 
 # -- stream entries ------------------------------------------------------------

@@ -40,9 +40,9 @@ def records(steps: int, seed: int = 0, skip: frozenset[int] = frozenset()) -> li
 def layer_checks(steps: list[StepRecord], every: int) -> list[LayerCheck]:
     return [LayerCheck(step=r.step, compute_dtype="float16", loss_scale=r.loss_scale, time=r.time,
                        underflow_layer="dense_1" if r.step % 2 else None,
-                       layers=[LayerNumerics(name=f"dense_{i}", kind="Dense", values=64 * i, zero_fraction=r.zero_grad_fraction,
-                                             grad_norm=r.grad_norm, activation_dtype="float16", activation_max=65504.0)
-                               for i in range(3)])
+                       layers=[LayerNumerics(name=f"dense_{i}", kind="Dense", values=64 * i,
+                                             zero_fraction=r.zero_grad_fraction, grad_norm=r.grad_norm,
+                                             activation_dtype="float16", activation_max=65504.0) for i in range(3)])
             for r in steps if r.step % every == 0]
 
 

@@ -18,7 +18,7 @@ from app.core.job import JobState
 from app.core.records import StepRecord
 from app.store import JobStore
 from app.store.archive import LAYERS_FILE, METRICS_FILE, ROLLUPS_FILE, ArchiveInfo
-from app.store.keys import ENDED, archive_claim_key, entry_id, job_key, layers_key, metrics_key, rollup_key, step_fields
+from app.store.keys import ENDED, archive_claim_key, job_key, layers_key, metrics_key, rollup_key
 from app.store.retention import Archiver
 from tests.app.history import SPEC, ended_job
 from tests.stack import RedisServer
@@ -171,7 +171,7 @@ def test_a_step_written_while_the_history_is_read_stops_the_trim(store: JobStore
     late = written[-1].model_copy(update={"step": 101})
 
     def late_write(jid: str) -> None:  # a zombie attempt's step, after the archive read the streams
-        store.redis.xadd(metrics_key(jid), step_fields(late), id=entry_id(101))
+        store.append_steps(jid, [late], [])
 
     assert Archiver(store, retention_s=0, before_trim=late_write).archive(job_id) == "changed"
     assert store.archive_info(job_id) is None and store.redis.zscore(ENDED, job_id) is not None

@@ -20,12 +20,13 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import redis
 
 from app.core import clock
-from app.core.job import JobState
+from app.core.job import TERMINAL_STATES, JobState
 from app.store import JobStore
 from app.store.archive import ArchiveInfo, history_dir, write_history
 from app.store.keys import (
@@ -34,8 +35,10 @@ from app.store.keys import (
     LAYERS_FIELD,
     ROLLUP_FIELD,
     STEP_FIELD,
+    TENANTS,
     after,
     archive_claim_key,
+    index_key,
     job_key,
     layers_key,
     metrics_key,
@@ -76,6 +79,24 @@ class Archiver:
         self.store, self.retention_s, self.claim_s, self.before_trim = store, retention_s, claim_s, before_trim
         self.artifacts_dir = store.artifacts_dir
         self._release = store.redis.register_script(RELEASE)
+        self._indexed = False
+
+    def index_ended(self) -> int:
+        """Put on `ended` every ended job whose history is in Redis but that is not there: those that ended
+        before mpjobs kept `ended`. Scored by their `finished_at`. Returns how many were added."""
+        r, added = self.store.redis, 0
+        for tenant in sorted(r.smembers(TENANTS)):
+            for state in TERMINAL_STATES:
+                job_ids = r.zrange(index_key(tenant, state), 0, -1)
+                with r.pipeline(transaction=False) as pipe:
+                    for job_id in job_ids:
+                        pipe.hmget(job_key(job_id), ["finished_at", ARCHIVED_FIELD])
+                    found = pipe.execute()
+                ended = {job_id: datetime.fromisoformat(at).timestamp()
+                         for job_id, (at, archived) in zip(job_ids, found, strict=True) if at and archived is None}
+                if ended:
+                    added += int(r.zadd(ENDED, ended, nx=True))
+        return added
 
     def due(self, limit: int = SWEEP_BATCH) -> list[str]:
         """Ended jobs whose retention has passed and whose history is still in Redis, oldest end first."""
@@ -84,7 +105,10 @@ class Archiver:
 
     def sweep(self) -> list[str]:
         """Archive every due job this worker can claim; returns those it archived. A job that fails stays
-        due (logged) and is tried again by the next sweep."""
+        due (logged) and is tried again by the next sweep. The first sweep indexes older ended jobs first."""
+        if not self._indexed:
+            log.info("%d ended jobs from before the archive indexed", self.index_ended())
+            self._indexed = True
         archived: list[str] = []
         tried: set[str] = set()
         while True:
@@ -101,7 +125,7 @@ class Archiver:
 
     def archive(self, job_id: str) -> str:
         """Archive one ended job's history. Returns what happened: "archived"; "already archived" or
-        "missing" (nothing to do); "not ended"; "claimed" (another worker is archiving it); "changed"
+        "missing" or "no history" (nothing to do); "not ended"; "claimed" (another worker is archiving it); "changed"
         (its record or streams changed while it was read: nothing removed, the next sweep tries again)."""
         claim, token = archive_claim_key(job_id), uuid.uuid4().hex
         if not self.store.redis.set(claim, token, nx=True, px=int(self.claim_s * 1000)):
@@ -122,6 +146,11 @@ class Archiver:
                 return "missing" if state is None else "already archived"
             if not JobState(state).terminal:
                 return "not ended"
+            if not any(pipe.exists(key) for key in streams):  # no history (canceled before it ran): no files
+                pipe.multi()
+                pipe.zrem(ENDED, job_id)
+                pipe.execute()
+                return "no history"
             started = time.monotonic()
             steps = _parse([f[STEP_FIELD] for _, f in _read_all(pipe, streams[0])])
             stored = _read_all(pipe, streams[1])

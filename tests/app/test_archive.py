@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -203,3 +203,25 @@ def test_the_record_describes_its_archive(store: JobStore) -> None:
     Archiver(store, retention_s=0).archive(job_id)
     info = ArchiveInfo.model_validate_json(store.redis.hget(job_key(job_id), "archived") or "")
     assert (info.format, info.version, info.steps, info.rollups, info.layer_checks) == ("parquet", 1, 130, 2, 10)
+
+
+def test_a_job_without_history_leaves_ended_and_no_files(store: JobStore) -> None:
+    job_id = store.create(SPEC, "t", "cpu", lambda _i, _p: None, store.redis.pipeline(transaction=True))
+    store.transition(job_id, JobState.CANCELED, [JobState.QUEUED], "canceled before it started")
+    assert Archiver(store, retention_s=0).archive(job_id) == "no history"
+    assert store.redis.zscore(ENDED, job_id) is None and store.archive_info(job_id) is None
+    assert not (store.artifacts_dir / job_id).exists()  # type: ignore[operator]
+    assert store.read_metrics(job_id, 0, 10).points == [] and store.read_buckets(job_id, 500).buckets == []
+
+
+def test_jobs_that_ended_before_the_index_existed_are_indexed_by_the_first_sweep(store: JobStore) -> None:
+    older, _, _ = ended_job(store, 30)
+    archived, _, _ = ended_job(store, 30)
+    Archiver(store, retention_s=0).archive(archived)
+    store.redis.delete(ENDED)  # as a database from before `ended` has it
+    finished = datetime.fromisoformat(store.redis.hget(job_key(older), "finished_at") or "")
+    archiver = Archiver(store, retention_s=3600)
+    assert archiver.index_ended() == 1 and archiver.index_ended() == 0
+    assert store.redis.zrange(ENDED, 0, -1, withscores=True) == [(older, finished.timestamp())]
+    store.redis.delete(ENDED)
+    assert Archiver(store, retention_s=0).sweep() == [older], "the first sweep indexes them, then archives them"

@@ -13,5 +13,5 @@ def test_archived_reads_are_measured_beside_the_same_reads_from_redis() -> None:
     for row in paired:
         assert row.baseline == "the same job in Redis" and row.baseline_value and row.baseline_value > 0
         assert row.value > 0 and row.ratio == row.value / row.baseline_value and row.met is not None
-    assert paired[-1].case.endswith("p99, 20 requests a side") and "<= 100 ms" in paired[-1].goal
+    assert paired[-1].case.endswith("p99, 21 requests a side") and "<= 100 ms" in paired[-1].goal
     assert opened.value > 0 and archived.value > 0

@@ -75,13 +75,16 @@ def _arrow_type(name: str, annotation: Any) -> tuple[pa.DataType, bool]:
 
 STEP_SCHEMA = pa.schema([pa.field(name, *_arrow_type(name, field.annotation))
                          for name, field in StepRecord.model_fields.items()])
+ROLLUP_COUNTS = ("first_step", "last_step", "steps", "skipped")
+SERIES_PARTS = {"n": pa.int64(), "total": pa.float64(), "lo": pa.float64(), "hi": pa.float64()}
+"""A rollup's figures per series (`Rollup.to_json`); lo and hi are null when n is 0."""
 ROLLUP_SCHEMA = pa.schema(
-    [pa.field(name, pa.int64(), nullable=False) for name in ("index", "first_step", "last_step", "steps", "skipped")]
+    [pa.field(name, pa.int64(), nullable=False) for name in ("index", *ROLLUP_COUNTS)]
     + [pa.field(f"{series}_{part}", kind, nullable=part in ("lo", "hi")) for series in SERIES
-       for part, kind in (("n", pa.int64()), ("total", pa.float64()), ("lo", pa.float64()), ("hi", pa.float64()))])
+       for part, kind in SERIES_PARTS.items()])
+LAYERS_SCHEMA = pa.schema([pa.field("step", pa.int64(), nullable=False), pa.field("check", pa.string(), False)])
 _STEP_RECORDS = TypeAdapter(list[StepRecord])
 """Validates a page of records in one call: faster than a call per record."""
-LAYERS_SCHEMA = pa.schema([pa.field("step", pa.int64(), nullable=False), pa.field("check", pa.string(), False)])
 
 
 # -- writing --------------------------------------------------------------------------------------
@@ -97,18 +100,12 @@ def write_history(folder: Path, steps: Sequence[dict[str, Any]], rollups: Sequen
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob(".*.tmp"):  # left by a writer that died mid-file
         stale.unlink(missing_ok=True)
-    metrics = pa.Table.from_pydict({name: [s.get(name) for s in steps] for name in STEP_SCHEMA.names},
-                                   schema=STEP_SCHEMA)
-    columns: dict[str, list[Any]] = {name: [] for name in ROLLUP_SCHEMA.names}
-    for index, rollup in rollups:
-        for name, value in (("index", index), *((k, rollup[k]) for k in ("first_step", "last_step", "steps",
-                                                                          "skipped"))):
-            columns[name].append(value)
-        for series in SERIES:
-            for part in ("n", "total", "lo", "hi"):
-                columns[f"{series}_{part}"].append(rollup["series"][series][part])
-    tables = {METRICS_FILE: metrics, ROLLUPS_FILE: pa.Table.from_pydict(columns, schema=ROLLUP_SCHEMA),
-              LAYERS_FILE: pa.Table.from_pydict({"step": [s for s, _ in layers], "check": [c for _, c in layers]},
+    rollup_rows = [{"index": index, **{name: rollup[name] for name in ROLLUP_COUNTS},
+                    **{f"{s}_{part}": rollup["series"][s][part] for s in SERIES for part in SERIES_PARTS}}
+                   for index, rollup in rollups]
+    tables = {METRICS_FILE: pa.Table.from_pylist(list(steps), schema=STEP_SCHEMA),
+              ROLLUPS_FILE: pa.Table.from_pylist(rollup_rows, schema=ROLLUP_SCHEMA),
+              LAYERS_FILE: pa.Table.from_pylist([{"step": step, "check": check} for step, check in layers],
                                                 schema=LAYERS_SCHEMA)}
     for name, table in tables.items():
         _write_durably(folder / name, table)
@@ -181,10 +178,8 @@ class ArchivedHistory:
         if self._rollups is None:
             table = pq.read_table(self.folder / ROLLUPS_FILE).to_pydict()
             self._rollups = [
-                {"first_step": table["first_step"][i], "last_step": table["last_step"][i],
-                 "steps": table["steps"][i], "skipped": table["skipped"][i],
-                 "series": {s: {part: table[f"{s}_{part}"][i] for part in ("n", "total", "lo", "hi")}
-                            for s in SERIES}}
+                {**{name: table[name][i] for name in ROLLUP_COUNTS},
+                 "series": {s: {part: table[f"{s}_{part}"][i] for part in SERIES_PARTS} for s in SERIES}}
                 for i in range(len(table["index"]))]
         return self._rollups
 

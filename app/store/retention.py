@@ -87,12 +87,12 @@ class Archiver:
         r, added = self.store.redis, 0
         for tenant in sorted(r.smembers(TENANTS)):
             for state in TERMINAL_STATES:
-                job_ids = r.zrange(index_key(tenant, state), 0, -1)
+                job_ids: list[str] = list(r.zrange(index_key(tenant, state), 0, -1))
                 with r.pipeline(transaction=False) as pipe:
                     for job_id in job_ids:
                         pipe.hmget(job_key(job_id), ["finished_at", ARCHIVED_FIELD])
                     found = pipe.execute()
-                ended = {job_id: datetime.fromisoformat(at).timestamp()
+                ended: dict[str, float] = {job_id: datetime.fromisoformat(at).timestamp()
                          for job_id, (at, archived) in zip(job_ids, found, strict=True) if at and archived is None}
                 if ended:
                     added += int(r.zadd(ENDED, ended, nx=True))

@@ -17,10 +17,18 @@ from app.core import clock
 from app.core.job import JobState
 from app.core.records import StepRecord
 from app.store import JobStore
-from app.store.archive import LAYERS_FILE, METRICS_FILE, ROLLUPS_FILE, ArchiveInfo
+from app.store.archive import (
+    CACHED_HISTORIES,
+    LAYERS_FILE,
+    METRICS_FILE,
+    ROLLUPS_FILE,
+    ArchiveInfo,
+    HistoryCache,
+    write_history,
+)
 from app.store.keys import ENDED, archive_claim_key, job_key, layers_key, metrics_key, rollup_key
 from app.store.retention import Archiver
-from tests.app.history import SPEC, ended_job
+from tests.app.history import SPEC, ended_job, records
 from tests.stack import RedisServer
 
 
@@ -225,3 +233,18 @@ def test_jobs_that_ended_before_the_index_existed_are_indexed_by_the_first_sweep
     assert store.redis.zrange(ENDED, 0, -1, withscores=True) == [(older, finished.timestamp())]
     store.redis.delete(ENDED)
     assert Archiver(store, retention_s=0).sweep() == [older], "the first sweep indexes them, then archives them"
+
+
+def test_the_api_keeps_a_few_archives_parsed_and_reopens_one_rewritten(tmp_path: Path) -> None:
+    folders = [tmp_path / f"job{i}" for i in range(CACHED_HISTORIES + 1)]
+    for folder in folders:
+        write_history(folder, [r.model_dump() for r in records(3)], [], [])
+    cache = HistoryCache()
+    first = cache.open(folders[0])
+    assert cache.open(folders[0]) is first, "a second read finds it parsed"
+    write_history(folders[0], [r.model_dump() for r in records(5)], [], [])  # a retry rewrote it
+    again = cache.open(folders[0])
+    assert again is not first and again.last_step == 5
+    for folder in folders[1:]:
+        cache.open(folder)
+    assert cache.open(folders[1]) is cache.open(folders[1]) and cache.open(folders[0]) is not again, "evicted"

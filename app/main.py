@@ -62,7 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.rq_redis = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
         app.state.aredis = redis.asyncio.Redis.from_url(settings.redis_url, decode_responses=True,
                                                         socket_connect_timeout=2)
-        app.state.store = JobStore(app.state.redis)
+        app.state.store = JobStore(app.state.redis, settings.artifacts_dir)
         app.state.live_workers = LiveWorkers(app.state.rq_redis)
         # Everything imported and built so far lives as long as the process: keep it out of
         # the collector's generations, so a full collection does not walk it mid-request.

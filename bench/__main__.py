@@ -19,7 +19,7 @@ from pathlib import Path
 from bench.report import Row, machine, table
 
 BENCHMARKS = ("engine_overhead", "float32_check", "speed_check", "service_overhead", "metric_delivery",
-              "api_throughput", "scaling")
+              "api_throughput", "archived_reads", "scaling")
 
 
 def main() -> None:

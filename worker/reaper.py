@@ -1,10 +1,11 @@
-"""The reaper: requeues (or fails) running jobs whose lease expired because their worker died."""
+"""The reaper: requeues (or fails) running jobs whose lease expired, and archives ended jobs' histories when due."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from redis import Redis
 
@@ -12,6 +13,7 @@ from app.core.config import Settings
 from app.store import JobStore
 from app.store.keys import job_key
 from app.store.queue import enqueue
+from app.store.retention import Archiver
 
 log = logging.getLogger("mpjobs.worker")
 
@@ -22,24 +24,33 @@ class Reaper:
     Every worker runs one; the check and the move happen in one Lua script, so
     exactly one reaper requeues a job. Each retry is a new RQ job, `{id}-a{n}`.
     An enqueue that fails after the move is retried on the next pass.
+
+    On a second thread, as often, it archives the histories of jobs that ended more than
+    HISTORY_RETENTION_S ago (app/store/retention.py; a claim per job keeps two workers off one job),
+    so a long sweep never delays a requeue.
     """
 
     def __init__(self, settings: Settings, rq_redis: Redis) -> None:
         self.settings, self.rq_redis = settings, rq_redis
-        self.store = JobStore(Redis.from_url(settings.redis_url, decode_responses=True))
-        self._thread = threading.Thread(target=self._loop, name="reaper", daemon=True)
+        self.store = JobStore(Redis.from_url(settings.redis_url, decode_responses=True), settings.artifacts_dir)
+        self.archiver = Archiver(self.store, settings.history_retention_s)
+        self._threads = [threading.Thread(target=self._loop, args=(self.reap_once, "reaper"), name="reaper",
+                                          daemon=True),
+                         threading.Thread(target=self._loop, args=(self.archiver.sweep, "archive sweep"),
+                                          name="archive-sweep", daemon=True)]
         self._unqueued: set[str] = set()
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
-    def _loop(self) -> None:
+    def _loop(self, once: Callable[[], object], what: str) -> None:
         while True:
             time.sleep(self.settings.reap_interval_s)
             try:
-                self.reap_once()
+                once()
             except Exception:
-                log.warning("reaper pass failed", exc_info=True)
+                log.warning("%s pass failed", what, exc_info=True)
 
     def reap_once(self) -> list[str]:
         for job_id in self.store.running_ids():

@@ -24,6 +24,7 @@ from app.core.errors import FailureReason, JobFailed, TimedOut
 from app.core.job import JobState
 from app.core.spec import JobSpec
 from app.store import JobStore
+from app.store.retention import archive_at_once
 from worker import checkpoint
 from worker.devices import detect_device
 from worker.engine import release_memory, run_job
@@ -134,7 +135,10 @@ def run_training(job_id: str) -> str:
     settings = get_settings()
     client = Redis.from_url(settings.redis_url, decode_responses=True)
     try:
-        return _attempt(JobStore(client), job_id, settings)
+        store = JobStore(client, settings.artifacts_dir)
+        outcome = _attempt(store, job_id, settings)
+        archive_at_once(store, settings.history_retention_s, job_id)  # HISTORY_RETENTION_S=0: its history goes now
+        return outcome
     finally:
         client.close()  # a worker runs many jobs: one connection pool per job would pile up
 

@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     """The API refuses (422) a built-in model whose estimated training memory (weights, gradients,
     optimizer slots and activations) exceeds this; the worker also checks a built model against its
     own free memory before training."""
+    history_retention_s: float = Field(7 * 24 * 3600, ge=0)
+    """How long an ended job's step records, rollups and layer checks stay in Redis before they are
+    archived to `<ARTIFACTS_DIR>/<job id>/history/` (Parquet) and their streams removed; reads then come
+    from the archive. 0: archived as soon as the job ends. The job record and its events stay in Redis."""
     api_keys: str = ""
     """`key:tenant,...`. Empty: open mode, for a local API bound to 127.0.0.1 only."""
 

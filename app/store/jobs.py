@@ -14,9 +14,10 @@ from app.core.job import Job, JobError, JobState, Progress, Transition, WorkerIn
 from app.core.records import Summary
 from app.core.spec import JobSpec
 from app.store.idempotency import Idempotency, IdempotencyKey
-from app.store.keys import JOB_INDEX_PREFIX, RUNNING, SEQ, TENANTS, events_key, index_key, job_key
+from app.store.keys import ENDED, JOB_INDEX_PREFIX, RUNNING, SEQ, TENANTS, events_key, index_key, job_key
 
-# Atomic transition: check the current state, set fields, record the event, move indexes.
+# Atomic transition: check the current state, set fields, record the event, move indexes (an ended
+# job also joins `ended`, scored by ARGV[7], where the archive sweep finds it).
 TRANSITION = """
 local cur = redis.call('HGET', KEYS[1], 'state')
 if not cur then return {'missing', ''} end
@@ -26,7 +27,7 @@ if not allowed then return {'refused', cur} end
 local seq = redis.call('HGET', KEYS[1], 'seq')
 local index = ARGV[5] .. redis.call('HGET', KEYS[1], 'tenant') .. ':'
 redis.call('HSET', KEYS[1], 'state', ARGV[1])
-for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = 8, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('XADD', KEYS[2], '*', 'state', ARGV[1], 'at', ARGV[2], 'message', ARGV[3])
 redis.call('ZREM', index .. cur, ARGV[6])
 redis.call('ZADD', index .. ARGV[1], seq, ARGV[6])
@@ -35,6 +36,7 @@ if ARGV[1] == 'running' then
 else
   redis.call('SREM', KEYS[3], ARGV[6])
 end
+if ARGV[7] ~= '' then redis.call('ZADD', KEYS[4], ARGV[7], ARGV[6]) end
 return {'ok', cur}
 """
 
@@ -131,13 +133,16 @@ class JobRecords(Idempotency):
     def transition(self, job_id: str, to: JobState, allowed_from: Iterable[JobState], message: str,
                    **fields: Any) -> tuple[bool, JobState | None]:
         """Move `job_id` to `to` if its state is in `allowed_from`. Returns (moved, previous state)."""
-        at = clock.iso()
+        now = clock.now()
+        at = clock.iso(now)
         if to.terminal:
             fields.setdefault("finished_at", at)
-        args: list[Any] = [to.value, at, message, " ".join(s.value for s in allowed_from), JOB_INDEX_PREFIX, job_id]
+        ended = repr(now.timestamp()) if to.terminal else ""
+        args: list[Any] = [to.value, at, message, " ".join(s.value for s in allowed_from), JOB_INDEX_PREFIX, job_id,
+                           ended]
         for name, value in fields.items():
             args += [name, value if isinstance(value, str | int) else json.dumps(value)]
-        status, previous = self._run("transition", [job_key(job_id), events_key(job_id), RUNNING], args)
+        status, previous = self._run("transition", [job_key(job_id), events_key(job_id), RUNNING, ENDED], args)
         return status == "ok", (JobState(previous) if previous else None)
 
     def set_fields(self, job_id: str, **fields: Any) -> None:

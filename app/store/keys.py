@@ -11,9 +11,11 @@ Keys (prefix `mpjobs:`):
     idem:{tenant}:{sha} string Idempotency-Key of POST /jobs -> {fingerprint, job_id}, kept IDEMPOTENCY_TTL_S
     idem-cmp:{tenant}:{sha} string Idempotency-Key of POST /comparisons -> {fingerprint, comparison_id}, the same
     job:{id}:lease      string the running attempt's lease, renewed while it lives
+    job:{id}:archiving  string a worker's claim on archiving the job's history, kept ARCHIVE_CLAIM_S
     job:{id}:view:{n}   string the `max_points=n` view as JSON (n = 500 or 1000), kept VIEW_TTL_S;
                                `...:fresh` marks it current (an ended job's: a day; a running one's: 1 s)
     running             set    ids of running jobs, for the reaper
+    ended               zset   ended jobs whose history is still in Redis, scored by when they ended (Unix s)
     seq                 string creation sequence counter
     tenants             set    every tenant that has created a job (for /metrics)
     stats               hash   counters since the database began: steps, skipped_steps, diagnoses:{code}
@@ -24,6 +26,9 @@ A step is one entry of `job:{id}:metrics`, id `{step}-0`, field `r` holding the 
 a rollup one entry of `job:{id}:rollup`, id `{index}-0`, field `a`. Only this module spells them; the
 Lua scripts get them as arguments, except the per-state indexes, which the transition and reap
 scripts extend from JOB_INDEX_PREFIX with the job's tenant and state.
+
+Once a job's history is archived (app/store/archive.py), its record holds ARCHIVED_FIELD and its
+metrics, rollup and layers streams are gone: readers take the history from the files then.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from app.core.records import LayerCheck, StepRecord
 
 PREFIX = "mpjobs:"
 RUNNING = f"{PREFIX}running"
+ENDED = f"{PREFIX}ended"
 SEQ = f"{PREFIX}seq"
 TENANTS = f"{PREFIX}tenants"
 STATS = f"{PREFIX}stats"
@@ -81,6 +87,10 @@ def lease_key(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:lease"
 
 
+def archive_claim_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:archiving"
+
+
 def view_fresh_key(job_id: str, max_points: int) -> str:
     """Present while the cached view of that size is current."""
     return f"{view_key(job_id, max_points)}:fresh"
@@ -105,6 +115,11 @@ def idempotency_key(tenant: str, key: str) -> str:
 def comparison_idempotency_key(tenant: str, key: str) -> str:
     """Apart from the keys of POST /jobs: one Idempotency-Key string may name a job and a comparison."""
     return f"{PREFIX}idem-cmp:{tenant}:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
+ARCHIVED_FIELD = "archived"
+"""The job record's field that says its history is archived: the archive's JSON description
+(app/store/archive.py `ArchiveInfo`). Absent while the history is in Redis."""
 
 
 # -- stream entries ------------------------------------------------------------

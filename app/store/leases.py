@@ -6,9 +6,9 @@ import json
 
 from app.core import clock
 from app.store.base import RedisBacked
-from app.store.keys import JOB_INDEX_PREFIX, RUNNING, events_key, job_key, lease_key
+from app.store.keys import ENDED, JOB_INDEX_PREFIX, RUNNING, events_key, job_key, lease_key
 
-# Requeue a running job whose lease expired, or fail it after its last attempt. One winner
+# Requeue a running job whose lease expired, or fail it after its last attempt (it joins `ended`). One winner
 # among all reapers: the state and the lease are checked inside the script.
 REAP = """
 if redis.call('HGET', KEYS[1], 'state') ~= 'running' or redis.call('EXISTS', KEYS[4]) == 1 then
@@ -21,6 +21,7 @@ local to, message = 'queued', 'worker lost during attempt ' .. attempt .. '; req
 if attempt >= tonumber(ARGV[2]) then
   to, message = 'failed', 'worker lost during attempt ' .. attempt .. ', the last allowed'
   redis.call('HSET', KEYS[1], 'finished_at', ARGV[3], 'error', ARGV[4])
+  redis.call('ZADD', KEYS[5], ARGV[6], ARGV[5])
 end
 redis.call('HSET', KEYS[1], 'state', to)
 redis.call('XADD', KEYS[2], '*', 'state', to, 'at', ARGV[3], 'message', message)
@@ -49,5 +50,7 @@ class Leases(RedisBacked):
         """'queued' (requeue it), 'failed' (out of attempts) or 'alive' (nothing to do)."""
         error = json.dumps({"reason": "worker_lost", "message": (
             f"The worker running this job disappeared on each of its {max_attempts} attempts.")})
-        keys = [job_key(job_id), events_key(job_id), RUNNING, lease_key(job_id)]
-        return str(self._run("reap", keys, [JOB_INDEX_PREFIX, max_attempts, clock.iso(), error, job_id]))
+        keys = [job_key(job_id), events_key(job_id), RUNNING, lease_key(job_id), ENDED]
+        now = clock.now()
+        args = [JOB_INDEX_PREFIX, max_attempts, clock.iso(now), error, job_id, repr(now.timestamp())]
+        return str(self._run("reap", keys, args))

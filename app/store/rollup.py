@@ -8,6 +8,7 @@ instead of 100,000 points. Merging is exact: mins, maxes, sums and counts.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -16,7 +17,8 @@ from app.core.job import Bucket, Stat
 ROLLUP_STEPS = 64
 """Steps per stored rollup."""
 
-_SERIES = ("loss", "grad_norm", "loss_scale")
+SERIES = ("loss", "grad_norm", "loss_scale")
+"""The StepRecord fields a rollup aggregates."""
 
 
 @dataclass
@@ -50,7 +52,7 @@ class Rollup:
     last_step: int = 0
     steps: int = 0
     skipped: int = 0
-    series: dict[str, Series] = field(default_factory=lambda: {name: Series() for name in _SERIES})
+    series: dict[str, Series] = field(default_factory=lambda: {name: Series() for name in SERIES})
 
     def add(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
@@ -58,7 +60,7 @@ class Rollup:
         self.last_step = step
         self.steps += 1
         self.skipped += bool(record["skipped"])
-        for name in _SERIES:
+        for name in SERIES:
             self.series[name].add(record[name])
 
     def merge(self, other: Rollup) -> None:
@@ -66,7 +68,7 @@ class Rollup:
         self.last_step = other.last_step or self.last_step
         self.steps += other.steps
         self.skipped += other.skipped
-        for name in _SERIES:
+        for name in SERIES:
             self.series[name].merge(other.series[name])
 
     def bucket(self) -> Bucket:
@@ -101,7 +103,7 @@ def bucketize_json(rollups: list[dict[str, Any]], per_bucket: int) -> list[Bucke
     for start in range(0, len(rollups), per_bucket):
         chunk = rollups[start:start + per_bucket]
         stats = {}
-        for name in _SERIES:
+        for name in SERIES:
             parts = [r["series"][name] for r in chunk]
             n = sum(p["n"] for p in parts)
             if not n:
@@ -113,3 +115,28 @@ def bucketize_json(rollups: list[dict[str, Any]], per_bucket: int) -> list[Bucke
                               steps=sum(r["steps"] for r in chunk), skipped=sum(r["skipped"] for r in chunk),
                               loss=stats["loss"], grad_norm=stats["grad_norm"], loss_scale=stats["loss_scale"]))
     return buckets
+
+
+def raw_buckets(records: Sequence[dict[str, Any]], max_points: int) -> list[Bucket]:
+    """Buckets cut from the raw series (StepRecords as dicts), at most `max_points`: each record is
+    folded straight into its bucket's rollup, one pass, no per-record rollups."""
+    per_point = max(1, math.ceil(len(records) / max_points))
+    buckets: list[Bucket] = []
+    for start in range(0, len(records), per_point):
+        merged = Rollup()
+        for record in records[start:start + per_point]:
+            merged.add(record)
+        buckets.append(merged.bucket())
+    return buckets
+
+
+def rollup_buckets(stored: list[dict[str, Any]], tail: Iterable[dict[str, Any]], max_points: int) -> list[Bucket]:
+    """Buckets cut from the stored rollups (`Rollup.to_json` form) and the records after the last one
+    (`tail`), grouping whole rollups so that no more than `max_points` buckets come back."""
+    partial = Rollup()
+    for record in tail:
+        partial.add(record)
+    parts = stored + ([partial.to_json()] if partial.steps else [])
+    groups = math.ceil(len(parts) / max_points)
+    per_bucket = math.ceil(len(parts) / math.ceil(len(parts) / groups))
+    return bucketize_json(parts, per_bucket)

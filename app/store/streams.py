@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import redis
 
-from app.core.job import Bucket, LayersPage, MetricsBuckets, MetricsPage
+from app.core.job import LayersPage, MetricsBuckets, MetricsPage
 from app.core.records import LayerCheck, StepRecord
 from app.store.base import RedisBacked
 from app.store.keys import (
@@ -28,7 +27,7 @@ from app.store.keys import (
     step_fields,
     step_record,
 )
-from app.store.rollup import ROLLUP_STEPS, Rollup, bucketize_json
+from app.store.rollup import ROLLUP_STEPS, Rollup, raw_buckets, rollup_buckets
 
 RAW_BUCKET_LIMIT = 4096
 """Up to this many steps, buckets are cut from the raw series; beyond, from rollups."""
@@ -104,51 +103,37 @@ class MetricStreams(RedisBacked):
         return {job_id: step_record(last[0][1]) for job_id, last in zip(job_ids, found, strict=True) if last}
 
     def read_metrics(self, job_id: str, after_step: int, limit: int) -> MetricsPage:
-        entries = self.redis.xrange(metrics_key(job_id), min=after(after_step), max="+", count=limit)
-        points = [step_record(fields) for _, fields in entries]
-        more = len(points) == limit and bool(
-            self.redis.xrange(metrics_key(job_id), min=after(points[-1].step), max="+", count=1)
-        )
-        missing, expected = [], after_step + 1
-        for point in points:
-            if point.step > expected:
-                missing.append((expected, point.step - 1))
-            expected = point.step + 1
-        return MetricsPage(job_id=job_id, points=points, next_after=points[-1].step if more else None,
-                           missing_steps=missing)
+        # One more than asked: whether another page follows, in the same read.
+        entries = self.redis.xrange(metrics_key(job_id), min=after(after_step), max="+", count=limit + 1)
+        return metrics_page(job_id, after_step, [step_record(fields) for _, fields in entries[:limit]],
+                            len(entries) > limit)
 
     def read_layers(self, job_id: str, after_step: int, limit: int) -> LayersPage:
         """Layer checks after step `after_step`, in step order, at most `limit`."""
-        entries = self.redis.xrange(layers_key(job_id), min=after(after_step), max="+", count=limit)
-        checks = [layer_check(fields) for _, fields in entries]
-        more = len(checks) == limit and bool(
-            self.redis.xrange(layers_key(job_id), min=after(checks[-1].step), max="+", count=1)
-        )
-        return LayersPage(job_id=job_id, checks=checks, next_after=checks[-1].step if more else None)
+        entries = self.redis.xrange(layers_key(job_id), min=after(after_step), max="+", count=limit + 1)
+        checks = [layer_check(fields) for _, fields in entries[:limit]]
+        return LayersPage(job_id=job_id, checks=checks, next_after=checks[-1].step if len(entries) > limit else None)
 
     def read_buckets(self, job_id: str, max_points: int) -> MetricsBuckets:
         last = self.redis.xrevrange(metrics_key(job_id), count=1)
         total = number_of(last[0][0]) if last else 0
         if total <= RAW_BUCKET_LIMIT:
-            # Each record is folded straight into its bucket's rollup: one pass, no per-record rollups.
-            entries = self.redis.xrange(metrics_key(job_id))
-            per_point = max(1, math.ceil(len(entries) / max_points))
-            buckets: list[Bucket] = []
-            for start in range(0, len(entries), per_point):
-                merged = Rollup()
-                for _, fields in entries[start:start + per_point]:
-                    merged.add(json.loads(fields[STEP_FIELD]))
-                buckets.append(merged.bucket())
-            return MetricsBuckets(job_id=job_id, total_steps=total, buckets=buckets)
+            records = [json.loads(fields[STEP_FIELD]) for _, fields in self.redis.xrange(metrics_key(job_id))]
+            return MetricsBuckets(job_id=job_id, total_steps=total, buckets=raw_buckets(records, max_points))
         # One json.loads for all stored rollups; they are merged in their JSON form.
         raw = [f[ROLLUP_FIELD] for _, f in self.redis.xrange(rollup_key(job_id))]
         stored: list[dict[str, Any]] = json.loads(f"[{','.join(raw)}]")
         covered = stored[-1]["last_step"] if stored else 0
-        tail = Rollup()
-        for _, f in self.redis.xrange(metrics_key(job_id), min=after(covered), max="+"):
-            tail.add(json.loads(f[STEP_FIELD]))
-        parts = stored + ([tail.to_json()] if tail.steps else [])
-        # Group whole rollups so that no more than max_points buckets come back.
-        groups = math.ceil(len(parts) / max_points)
-        per_bucket = math.ceil(len(parts) / math.ceil(len(parts) / groups))
-        return MetricsBuckets(job_id=job_id, total_steps=total, buckets=bucketize_json(parts, per_bucket))
+        tail = (json.loads(f[STEP_FIELD]) for _, f in self.redis.xrange(metrics_key(job_id), min=after(covered)))
+        return MetricsBuckets(job_id=job_id, total_steps=total, buckets=rollup_buckets(stored, tail, max_points))
+
+
+def metrics_page(job_id: str, after_step: int, points: list[StepRecord], more: bool) -> MetricsPage:
+    """A page of `points` (the steps after `after_step`, in order), with the gaps inside it."""
+    missing, expected = [], after_step + 1
+    for point in points:
+        if point.step > expected:
+            missing.append((expected, point.step - 1))
+        expected = point.step + 1
+    return MetricsPage(job_id=job_id, points=points, next_after=points[-1].step if more else None,
+                       missing_steps=missing)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -57,7 +58,8 @@ async def stream_metrics(
     await run_in_threadpool(services.get, store, job_id, tenant)
     start = last_event_id if last_event_id is not None else (after or 0)
     return StreamingResponse(
-        stream_job(request.app.state.aredis, job_id, start, request.is_disconnected),
+        stream_job(request.app.state.aredis, job_id, start, request.is_disconnected,
+                   archived=partial(run_in_threadpool, store.archived_history, job_id)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -1,0 +1,81 @@
+"""Reads of a job's metric history wherever it is: its Redis streams, or its archive once its record says so.
+
+The archive replaces the streams in one MULTI/EXEC (app/store/retention.py): the record gains
+ARCHIVED_FIELD as the streams go. So each read asks Redis first and the record after: if the record
+does not say "archived" yet, the streams were still whole when they were read; if it does, the
+answer comes from the files, whatever the streams said. A page, a view or a layer check reads the
+same either way (tests/app/test_archive.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.core.job import LayersPage, MetricsBuckets, MetricsPage
+from app.core.records import LayerCheck
+from app.store.archive import FORMAT_VERSION, ArchivedHistory, ArchiveInfo, HistoryCache
+from app.store.keys import ARCHIVED_FIELD, job_key
+from app.store.rollup import SERIES, raw_buckets, rollup_buckets
+from app.store.streams import RAW_BUCKET_LIMIT, MetricStreams, metrics_page
+
+BUCKET_FIELDS = ("step", "skipped", *SERIES)
+"""What a bucket folds of each step record."""
+
+
+class MetricHistory(MetricStreams):
+    """The metric streams' reads, falling back to the job's archive under `artifacts_dir`."""
+
+    artifacts_dir: Path | None = None
+    """ARTIFACTS_DIR; set by JobStore. Without it an archived job's history cannot be read."""
+    histories: HistoryCache
+
+    def archive_info(self, job_id: str) -> ArchiveInfo | None:
+        """What the job record says about its archive; None while its history is in Redis."""
+        raw = self.redis.hget(job_key(job_id), ARCHIVED_FIELD)
+        return None if raw is None else ArchiveInfo.model_validate_json(raw)
+
+    def archived_history(self, job_id: str) -> ArchivedHistory | None:
+        """The job's archive, parsed (and cached), or None while its history is in Redis."""
+        info = self.archive_info(job_id)
+        return None if info is None else self._open(job_id, info)
+
+    def _open(self, job_id: str, info: ArchiveInfo) -> ArchivedHistory:
+        if info.version > FORMAT_VERSION:
+            raise RuntimeError(f"Expected an archive of format version {FORMAT_VERSION} or older. Received: "
+                               f"version={info.version} for job {job_id} (a newer mpjobs wrote it)")
+        if self.artifacts_dir is None:
+            raise RuntimeError(f"Expected a JobStore built with artifacts_dir to read the archived history of "
+                               f"job {job_id}. Received: artifacts_dir=None")
+        return self.histories.open(self.artifacts_dir / info.dir)
+
+    def read_metrics(self, job_id: str, after_step: int, limit: int) -> MetricsPage:
+        page = super().read_metrics(job_id, after_step, limit)
+        history = self.archived_history(job_id)
+        if history is None:
+            return page
+        points = history.step_records(after_step, limit + 1)
+        return metrics_page(job_id, after_step, points[:limit], len(points) > limit)
+
+    def read_layers(self, job_id: str, after_step: int, limit: int) -> LayersPage:
+        page = super().read_layers(job_id, after_step, limit)
+        history = self.archived_history(job_id)
+        if history is None:
+            return page
+        found = history.layer_checks(after_step, limit + 1)
+        checks = [LayerCheck.model_validate_json(check) for _, check in found[:limit]]
+        return LayersPage(job_id=job_id, checks=checks, next_after=checks[-1].step if len(found) > limit else None)
+
+    def read_buckets(self, job_id: str, max_points: int) -> MetricsBuckets:
+        """The same buckets from the archive as from the streams: the same records and rollups, cut the same way."""
+        view = super().read_buckets(job_id, max_points)
+        history = self.archived_history(job_id)
+        if history is None:
+            return view
+        total = history.last_step
+        if total <= RAW_BUCKET_LIMIT:
+            buckets = raw_buckets(history.records(0, fields=BUCKET_FIELDS), max_points)
+        else:
+            stored = history.rollups()
+            tail = history.records(stored[-1]["last_step"] if stored else 0, fields=BUCKET_FIELDS)
+            buckets = rollup_buckets(stored, tail, max_points)
+        return MetricsBuckets(job_id=job_id, total_steps=total, buckets=buckets)

@@ -70,7 +70,7 @@ class Job(BaseModel):
     comparison_id: str | None = None
     """The precision comparison this job is one variant of."""
     notes: list[str] = []
-    """What the spec asks for that will not do what it seems to (JobSpec.notes), e.g. loss scaling
+    """What the spec asks for that will not do what it seems to (app/core/notes.py), e.g. loss scaling
     under float32."""
     phase: str | None = None
     """What a running job's attempt is doing: "building the model", "preparing the data", "training",

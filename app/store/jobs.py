@@ -11,6 +11,7 @@ from redis.client import Pipeline
 
 from app.core import clock
 from app.core.job import Job, JobError, JobState, Progress, Transition, WorkerInfo
+from app.core.notes import spec_notes
 from app.core.records import Summary
 from app.core.spec import JobSpec
 from app.store.idempotency import Idempotency, IdempotencyKey
@@ -103,7 +104,7 @@ class JobRecords(Idempotency):
         spec = JobSpec.model_validate_json(raw["spec"])
         return Job(
             id=raw["id"], name=json.loads(raw["name"]), state=JobState(raw["state"]), queue=raw["queue"],
-            spec=spec, notes=spec.notes(), created_at=raw["created_at"],
+            spec=spec, notes=spec_notes(spec), created_at=raw["created_at"],
             started_at=raw.get("started_at"), finished_at=raw.get("finished_at"),
             transitions=[Transition(state=JobState(e["state"]), at=e["at"], message=e["message"]) for _, e in events],
             progress=Progress(step=int(raw["step"]), total_steps=int(raw["total_steps"])),

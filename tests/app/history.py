@@ -49,7 +49,7 @@ def layer_checks(steps: list[StepRecord], every: int) -> list[LayerCheck]:
 def ended_job(store: JobStore, steps: int, seed: int = 0, check_every: int = 10, state: JobState = JobState.SUCCEEDED,
               skip: frozenset[int] = frozenset(), tenant: str = "t") -> tuple[str, list[StepRecord], list[LayerCheck]]:
     """A job created, run and ended through the store, its history written by the worker's RedisReporter."""
-    job_id = store.create(SPEC, tenant, "cpu", lambda _id, _pipe: None, store.redis.pipeline(transaction=True))
+    job_id, _ = store.create(SPEC, tenant, "cpu", lambda _id, _pipe: None, store.redis.pipeline(transaction=True))
     store.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "attempt 1", attempt=1)
     written, checks = records(steps, seed, skip), []
     reporter = RedisReporter(store, job_id)

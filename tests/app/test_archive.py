@@ -122,13 +122,13 @@ def test_archiving_twice_changes_nothing(store: JobStore) -> None:
 def test_every_way_a_job_ends_puts_it_where_the_sweep_finds_it(store: JobStore) -> None:
     succeeded, _, _ = ended_job(store, 10)
     failed, _, _ = ended_job(store, 10, state=JobState.FAILED)
-    canceled = store.create(SPEC, "t", "cpu", lambda _i, _p: None,
+    canceled, _ = store.create(SPEC, "t", "cpu", lambda _i, _p: None,
                             store.redis.pipeline(transaction=True))
     store.transition(canceled, JobState.CANCELED, [JobState.QUEUED], "canceled before it started")
     lost, _, _ = ended_job(store, 10, state=JobState.RUNNING)  # its worker died on its last attempt
     store.set_fields(lost, attempt=3)
     assert store.reap(lost, max_attempts=3) == "failed"
-    running = store.create(SPEC, "t", "cpu", lambda _i, _p: None,
+    running, _ = store.create(SPEC, "t", "cpu", lambda _i, _p: None,
                            store.redis.pipeline(transaction=True))
     store.transition(running, JobState.RUNNING, [JobState.QUEUED], "attempt 1")
     assert set(store.redis.zrange(ENDED, 0, -1)) == {succeeded, failed, canceled, lost}
@@ -214,7 +214,7 @@ def test_the_record_describes_its_archive(store: JobStore) -> None:
 
 
 def test_a_job_without_history_leaves_ended_and_no_files(store: JobStore) -> None:
-    job_id = store.create(SPEC, "t", "cpu", lambda _i, _p: None, store.redis.pipeline(transaction=True))
+    job_id, _ = store.create(SPEC, "t", "cpu", lambda _i, _p: None, store.redis.pipeline(transaction=True))
     store.transition(job_id, JobState.CANCELED, [JobState.QUEUED], "canceled before it started")
     assert Archiver(store, retention_s=0).archive(job_id) == "no history"
     assert store.redis.zscore(ENDED, job_id) is None and store.archive_info(job_id) is None

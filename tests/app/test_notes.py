@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.core.notes import spec_notes
 from app.core.spec import JobSpec
 
 
@@ -16,7 +17,7 @@ def spec(policy: str, scale: object) -> JobSpec:
     ("mixed_bfloat16", "dynamic"), ("bfloat16", {"mode": "fixed", "scale": 8}),
 ])
 def test_loss_scaling_outside_float16_gets_a_note(policy: str, scale: object) -> None:
-    [note] = spec(policy, scale).notes()
+    [note] = spec_notes(spec(policy, scale))
     assert note.startswith(f"Loss scaling has no effect under {policy}: ")
     assert "Use loss_scale 'none'" in note
 
@@ -26,4 +27,4 @@ def test_loss_scaling_outside_float16_gets_a_note(policy: str, scale: object) ->
     ("mixed_float16", "none"), ("mixed_bfloat16", None),
 ])
 def test_a_spec_that_does_what_it_says_gets_none(policy: str, scale: object) -> None:
-    assert spec(policy, scale).notes() == []
+    assert spec_notes(spec(policy, scale)) == []

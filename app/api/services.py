@@ -10,6 +10,7 @@ from redis import Redis
 from rq import Queue, worker_registration
 
 from app.api import reports
+from app.api.memory import MemoryGauge
 from app.api.resources import Comparison, ComparisonPage, Health, JobPage
 from app.core.config import MODEL_ARTIFACT, Settings
 from app.core.errors import ArtifactNotFound, ComparisonNotFound, IdempotencyConflict, JobNotFound, ServiceUnavailable
@@ -171,10 +172,12 @@ def artifact(store: JobStore, settings: Settings, job_id: str, tenant: str) -> P
     return path
 
 
-def readiness(rq_redis: Redis, workers: LiveWorkers) -> Health:
+def readiness(rq_redis: Redis, workers: LiveWorkers, memory: MemoryGauge) -> Health:
+    """Redis answers; live workers per queue; Redis's memory (a full Redis still serves reads and deletes)."""
     rq_redis.ping()
     counts = {name: workers.count(name) for name in queues.QUEUES}
-    return Health(status="ok" if any(counts.values()) else "no_workers", redis="ok", workers=counts)
+    return Health(status="ok" if any(counts.values()) else "no_workers", redis="ok", workers=counts,
+                  redis_memory=memory.read())
 
 
 # -- precision comparisons ---------------------------------------------------------

@@ -155,6 +155,14 @@ def cmd_cancel(api: Api, args: argparse.Namespace) -> int:
     return exit_for(job["state"])
 
 
+def cmd_delete(api: Api, args: argparse.Namespace) -> int:
+    """`DELETE ...?purge=true`: the ended job (or comparison, with all its jobs) and every trace of it."""
+    what = "comparisons" if args.comparison else "jobs"
+    api.call("DELETE", f"/{what}/{args.id}", params={"purge": "true"})
+    print(f"{args.id}: deleted" + (" with all its jobs" if args.comparison else ""))
+    return Exit.OK
+
+
 def comparison_exit(c: dict[str, Any]) -> int:
     """While it runs: 0. Once done: 0 if every variant succeeded, else the highest variant exit code."""
     if c["state"] != "done":

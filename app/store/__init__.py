@@ -11,13 +11,14 @@ from app.store.comparisons import ComparisonRecord, Comparisons
 from app.store.counters import Counters
 from app.store.idempotency import Idempotency
 from app.store.leases import Leases
+from app.store.purge import PurgeRefusal, Purges
 from app.store.streams import RAW_BUCKET_LIMIT, MetricStreams
 from app.store.views import VIEW_TTL_S, ViewCache
 
 
-class JobStore(Comparisons, Idempotency, Leases, CancelFlags, MetricStreams, Counters, ViewCache):
+class JobStore(Comparisons, Idempotency, Leases, CancelFlags, MetricStreams, Counters, ViewCache, Purges):
     """Jobs in Redis: records and transitions (with comparisons), idempotency keys, leases,
-    cancel flags, metric streams, counters and the view cache, each from its own module."""
+    cancel flags, metric streams, counters, the view cache and purges, each from its own module."""
 
 
-__all__ = ["RAW_BUCKET_LIMIT", "VIEW_TTL_S", "ComparisonRecord", "JobStore"]
+__all__ = ["RAW_BUCKET_LIMIT", "VIEW_TTL_S", "ComparisonRecord", "JobStore", "PurgeRefusal"]

@@ -7,8 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
 
-from app.api import purge, services
+from app.api import services
 from app.api.deps import MemoryDep, RQRedisDep, SettingsDep, StoreDep, TenantDep
+from app.api.purge import purge_comparison
 from app.api.resources import ERROR_RESPONSES, REDIS_FULL, Comparison, ComparisonPage, ErrorBody
 from app.core.spec import ComparisonSpec
 
@@ -66,11 +67,11 @@ async def get_comparison(comparison_id: str, store: StoreDep, tenant: TenantDep)
 })
 async def cancel_comparison(
     comparison_id: str, store: StoreDep, redis: RQRedisDep, tenant: TenantDep, settings: SettingsDep,
-    purge_: Annotated[bool, Query(alias="purge", description="Delete the comparison and all its jobs for good "
+    purge: Annotated[bool, Query(description="Delete the comparison and all its jobs for good "
                                   "instead of canceling; every job must have ended (204)")] = False,
 ) -> Comparison | Response:
     """Cancel every job of the comparison (202). With `purge=true`, delete it and its jobs for good (204)."""
-    if purge_:
-        await run_in_threadpool(purge.purge_comparison, store, redis, settings, comparison_id, tenant)
+    if purge:
+        await run_in_threadpool(purge_comparison, store, redis, settings, comparison_id, tenant)
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     return await run_in_threadpool(services.cancel_comparison, store, redis, comparison_id, tenant)

@@ -8,9 +8,10 @@ from fastapi import APIRouter, Body, Header, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
-from app.api import purge, services
+from app.api import services
 from app.api.deps import MemoryDep, RQRedisDep, SettingsDep, StoreDep, TenantDep, WorkersDep
 from app.api.examples import SPEC_EXAMPLES
+from app.api.purge import purge_job
 from app.api.resources import JOB_ERROR_RESPONSES, REDIS_FULL, ErrorBody, JobPage
 from app.core.job import Job, JobState
 from app.core.spec import JobSpec
@@ -60,12 +61,12 @@ async def get_job(job_id: str, store: StoreDep, tenant: TenantDep, workers: Work
 })
 async def cancel_job(
     job_id: str, store: StoreDep, redis: RQRedisDep, tenant: TenantDep, settings: SettingsDep,
-    purge_: Annotated[bool, Query(alias="purge", description="Delete the ended job for good instead of "
+    purge: Annotated[bool, Query(description="Delete the ended job for good instead of "
                                   "canceling: its record, metrics, files and queue entries (204)")] = False,
 ) -> Job | Response:
     """Cancel the job (202 with the job). With `purge=true`, delete an ended job for good (204)."""
-    if purge_:
-        await run_in_threadpool(purge.purge_job, store, redis, settings, job_id, tenant)
+    if purge:
+        await run_in_threadpool(purge_job, store, redis, settings, job_id, tenant)
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     return await run_in_threadpool(services.cancel, store, redis, job_id, tenant)
 

@@ -10,6 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
+from redis import Redis
+from rq.job import Job as RQJob
+from rq.job import JobStatus
 
 from app.cli import Exit
 from tests.app.test_purge import snapshot, traces
@@ -75,7 +78,8 @@ def test_another_tenant_cannot_delete_a_job_and_gets_the_answer_for_a_missing_on
     a = httpx.Client(base_url=keyed_api, headers={"Authorization": "Bearer key-a"}, timeout=30)
     b = httpx.Client(base_url=keyed_api, headers={"Authorization": "Bearer key-b"}, timeout=30)
     job_id = trained(stack, a)
-    wait_until(lambda: not stack.redis.client().exists(f"mpjobs:job:{job_id}:lease"), 30, "the worker to let go")
+    rq = Redis.from_url(stack.redis.url)  # RQ's record of the task, written last: the snapshot below stays still
+    wait_until(lambda: RQJob.fetch(job_id, connection=rq).get_status() == JobStatus.FINISHED, 60, "RQ's record")
     before = snapshot(stack.redis)
     refused = b.delete(f"/jobs/{job_id}", params={"purge": "true"})
     unknown = b.delete("/jobs/0123456789abcdef0123456789abcdef", params={"purge": "true"})
@@ -140,3 +144,15 @@ def test_mpjobs_delete(stack: Stack, client: httpx.Client) -> None:
     assert refused.returncode == Exit.USAGE and "is queued; only an ended job can be deleted" in refused.stderr
     assert client.delete(f"/jobs/{queued}").json()["state"] == "canceled"
     assert mpjobs(stack, "delete", queued).returncode == Exit.OK
+
+
+def test_mpjobs_delete_comparison(stack: Stack, client: httpx.Client) -> None:
+    created = client.post("/comparisons", json={"spec": {**SPEC, "device": "gpu"}, "variants": [
+        {"precision_policy": "float32"}, {"precision_policy": "mixed_bfloat16"}]}).json()  # no GPU worker: they wait
+    refused = mpjobs(stack, "delete", "--comparison", created["id"])
+    assert refused.returncode == Exit.USAGE and "has jobs that have not ended" in refused.stderr, refused.stderr
+    assert client.delete(f"/comparisons/{created['id']}").json()["state"] == "done"  # every variant canceled
+    done = mpjobs(stack, "delete", "--comparison", created["id"])
+    assert (done.returncode, done.stdout) == (Exit.OK, f"{created['id']}: deleted with all its jobs\n"), done.stderr
+    for trace_id in [created["id"], *(v["job_id"] for v in created["variants"])]:
+        assert traces(stack.redis, trace_id) == [], trace_id

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 import redis
 import redis.asyncio
 from fastapi import FastAPI, Request, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -17,12 +18,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.auth import parse_api_keys
 from app.api.limits import BodySizeLimit
+from app.api.memory import MemoryGauge
 from app.api.routes import comparisons, dashboard, health, jobs, layers, metrics, prometheus
 from app.api.services import LiveWorkers
 from app.api.validation import validation_error
 from app.core.config import Settings, get_settings
 from app.core.errors import (
+    DeleteRefused,
     IdempotencyConflict,
+    JobAlreadyEnded,
     JobNotFound,
     MpjobsError,
     ServiceUnavailable,
@@ -37,6 +41,8 @@ _STATUS: dict[type[MpjobsError], int] = {
     JobNotFound: status.HTTP_404_NOT_FOUND,
     Unauthorized: status.HTTP_401_UNAUTHORIZED,
     IdempotencyConflict: status.HTTP_409_CONFLICT,
+    DeleteRefused: status.HTTP_409_CONFLICT,
+    JobAlreadyEnded: status.HTTP_409_CONFLICT,
     ServiceUnavailable: status.HTTP_503_SERVICE_UNAVAILABLE,
 }
 
@@ -64,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                                         socket_connect_timeout=2)
         app.state.store = JobStore(app.state.redis, settings.artifacts_dir)
         app.state.live_workers = LiveWorkers(app.state.rq_redis)
+        app.state.memory = MemoryGauge(app.state.redis, settings.redis_memory_high_water)
         # Everything imported and built so far lives as long as the process: keep it out of
         # the collector's generations, so a full collection does not walk it mid-request.
         gc.freeze()
@@ -89,7 +96,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def domain_error(request: Request, exc: MpjobsError) -> JSONResponse:
         code = _status_of(exc)
         headers = {"WWW-Authenticate": "Bearer"} if code == status.HTTP_401_UNAUTHORIZED else None
-        return JSONResponse({"detail": str(exc)}, status_code=code, headers=headers)
+        body = {"detail": str(exc), **({"state": exc.state} if isinstance(exc, JobAlreadyEnded) else {})}
+        return JSONResponse(body, status_code=code, headers=headers)
 
     @app.exception_handler(SpecRefused)
     async def refused(request: Request, exc: SpecRefused) -> JSONResponse:
@@ -115,9 +123,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.warning("redis unavailable: %s", exc)
         return await domain_error(request, ServiceUnavailable(str(exc) or type(exc).__name__))
 
-    # Only an unreachable Redis is a 503; any other Redis error is our bug, a 500.
+    async def redis_full(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("redis refused a write as out of memory: %s", exc)
+        return await domain_error(request, await run_in_threadpool(request.app.state.memory.refused))
+
+    # Only an unreachable or full Redis is a 503; any other Redis error is our bug, a 500. A full one
+    # refuses a MULTI/EXEC whole (EXECABORT), so a create it refuses has written nothing.
     app.add_exception_handler(redis.ConnectionError, redis_down)
     app.add_exception_handler(redis.TimeoutError, redis_down)
+    app.add_exception_handler(redis.exceptions.OutOfMemoryError, redis_full)
 
     return app
 

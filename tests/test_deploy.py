@@ -21,6 +21,7 @@ def test_redis_keeps_every_job() -> None:
     command = " ".join(redis["command"])
     assert "--appendonly yes" in command and "--appendfsync everysec" in command
     assert "--maxmemory-policy noeviction" in command
+    assert "--maxmemory ${REDIS_MAXMEMORY:-2gb}" in command, "a bounded Redis: the API refuses new jobs near it"
     assert redis["healthcheck"]["test"][-2:] == ["redis-cli", "ping"]
     assert any(v.endswith(":/data") for v in redis["volumes"])
 

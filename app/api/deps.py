@@ -1,4 +1,4 @@
-"""What a route depends on: the store, the RQ connection, settings and the caller's tenant."""
+"""What a route depends on: the store, the RQ connection, settings, Redis's memory and the caller's tenant."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from fastapi import Depends, Header, Request
 from redis import Redis
 
 from app.api.auth import tenant_for
+from app.api.memory import MemoryGauge
 from app.api.services import LiveWorkers
 from app.core.config import Settings
 from app.store import JobStore
@@ -29,6 +30,11 @@ async def get_live_workers(request: Request) -> LiveWorkers:
     return workers
 
 
+async def get_memory(request: Request) -> MemoryGauge:
+    memory: MemoryGauge = request.app.state.memory
+    return memory
+
+
 async def get_store(request: Request) -> JobStore:
     store: JobStore = request.app.state.store
     return store
@@ -43,4 +49,5 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 RQRedisDep = Annotated[Redis, Depends(get_rq_redis)]
 StoreDep = Annotated[JobStore, Depends(get_store)]
 WorkersDep = Annotated[LiveWorkers, Depends(get_live_workers)]
+MemoryDep = Annotated[MemoryGauge, Depends(get_memory)]
 TenantDep = Annotated[str, Depends(get_tenant)]

@@ -77,13 +77,33 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+REDIS_FULL: dict[int | str, dict[str, Any]] = {
+    503: {"model": ErrorBody, "description": "Redis is unreachable, or past its memory high-water mark "
+                                             "(REDIS_MEMORY_HIGH_WATER): nothing was written"},
+}
+
+
 JOB_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
     404: {"model": ErrorBody, "description": "No such job (or another tenant's)"},
 }
 
 
+class RedisMemory(BaseModel):
+    """Redis's memory use (its INFO memory), and whether new jobs are taken at that use."""
+
+    used_memory_bytes: int
+    maxmemory_bytes: int
+    """Redis's `maxmemory`; 0: no limit."""
+    used_fraction: float | None
+    """used_memory / maxmemory; null without a limit."""
+    high_water: float
+    """REDIS_MEMORY_HIGH_WATER: past this share of maxmemory, `POST /jobs` and `POST /comparisons` get 503."""
+    accepting_jobs: bool
+
+
 class Health(BaseModel):
     status: str
     redis: str | None = None
     workers: dict[str, int] | None = None
+    redis_memory: RedisMemory | None = None

@@ -9,9 +9,10 @@ from redis import Redis
 from rq import Queue, worker_registration
 
 from app.api import reports
+from app.api.memory import MemoryGauge
 from app.api.resources import Comparison, ComparisonPage, Health, JobPage
 from app.core.config import MODEL_ARTIFACT, Settings
-from app.core.errors import ArtifactNotFound, ComparisonNotFound, JobNotFound
+from app.core.errors import ArtifactNotFound, ComparisonNotFound, JobAlreadyEnded, JobNotFound
 from app.core.job import Job, JobState, LayersPage, MetricsPage
 from app.core.spec import ComparisonSpec, JobSpec
 from app.store import VIEW_TTL_S, ComparisonRecord, IdempotencyKey, JobStore
@@ -96,8 +97,10 @@ CANCEL_POLL_S = 0.05
 def cancel(store: JobStore, rq_redis: Redis, job_id: str, tenant: str) -> Job:
     """Queued: canceled at once. Running: its worker stops at its next step; if that worker's lease is
     gone, or it does not answer within CANCEL_ANSWER_S, it is presumed dead and the job is canceled here.
-    Terminal: unchanged."""
+    Ended: JobAlreadyEnded (409), the job unchanged."""
     job = get(store, job_id, tenant)
+    if job.state.terminal:
+        raise JobAlreadyEnded(job_id, job.state.value)
     state: JobState | None = job.state
     if state is JobState.QUEUED:
         state = _cancel_queued(store, rq_redis, job)  # `running` if it started in between
@@ -185,10 +188,12 @@ def artifact(store: JobStore, settings: Settings, job_id: str, tenant: str) -> P
     return path
 
 
-def readiness(rq_redis: Redis, workers: LiveWorkers) -> Health:
+def readiness(rq_redis: Redis, workers: LiveWorkers, memory: MemoryGauge) -> Health:
+    """Redis answers; live workers per queue; Redis's memory (a full Redis still serves reads and deletes)."""
     rq_redis.ping()
     counts = {name: workers.count(name) for name in queues.QUEUES}
-    return Health(status="ok" if any(counts.values()) else "no_workers", redis="ok", workers=counts)
+    return Health(status="ok" if any(counts.values()) else "no_workers", redis="ok", workers=counts,
+                  redis_memory=memory.read())
 
 
 # -- precision comparisons ---------------------------------------------------------

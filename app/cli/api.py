@@ -61,6 +61,8 @@ class Api:
         except httpx.HTTPError as exc:
             raise CliError(Exit.UNAVAILABLE, f"cannot reach the API at {self.url}: {exc}") from exc
         _raise_for(response)
+        if response.status_code == 204:  # done, nothing to say: a delete
+            return None
         try:
             return response.json()
         except ValueError as exc:

@@ -159,7 +159,9 @@ def cmd_layers(api: Api, args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(api: Api, args: argparse.Namespace) -> int:
-    job = api.call("DELETE", f"/jobs/{args.job_id}")
+    job = api.call("GET", f"/jobs/{args.job_id}")
+    if not JobState(job["state"]).terminal:  # an ended job's DELETE is a 409: nothing to cancel
+        job = api.call("DELETE", f"/jobs/{args.job_id}")
     state = JobState(job["state"])
     if state is JobState.RUNNING:
         print(f"{job['id']}: running; cancel requested, it stops after its current step")
@@ -175,6 +177,14 @@ def cmd_cancel(api: Api, args: argparse.Namespace) -> int:
     if state is not JobState(job["state"]):
         print(f"{job['id']}: {job['state']}")
     return exit_for(job["state"])
+
+
+def cmd_delete(api: Api, args: argparse.Namespace) -> int:
+    """`DELETE ...?purge=true`: the ended job (or comparison, with all its jobs) and every trace of it."""
+    what = "comparisons" if args.comparison else "jobs"
+    api.call("DELETE", f"/{what}/{args.id}", params={"purge": "true"})
+    print(f"{args.id}: deleted" + (" with all its jobs" if args.comparison else ""))
+    return Exit.OK
 
 
 def comparison_exit(c: dict[str, Any]) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 from app.cli.commands import (
     cmd_cancel,
     cmd_compare,
+    cmd_delete,
     cmd_layers,
     cmd_list,
     cmd_metrics,
@@ -26,7 +27,8 @@ MODELS = ("mlp", "cnn", "conv3d_unet", "transformer")
 EXIT_CODES = """exit codes:
   0    done; with a watched job (watch, submit --watch, cancel --wait): it succeeded
   1    the job failed (compare: a variant failed)
-  2    usage or validation error: a bad flag, an unreadable SPEC.json, the API's 422 (each field printed)
+  2    usage or validation error: a bad flag, an unreadable SPEC.json, the API's 422 (each field printed);
+       delete: the job has not ended, or belongs to a comparison (409; nothing was deleted)
   3    the job was canceled (compare: a variant was)
   4    no such job or comparison
   5    cannot reach the API, credentials refused (401), or a server error (the API's detail is printed)
@@ -133,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("cancel", cmd_cancel, "cancel a queued or running job", ())
     p.add_argument("job_id", metavar="ID")
     p.add_argument("--wait", action="store_true", help="wait until it has ended; exit code follows its end state")
+    p = command("delete", cmd_delete, "delete an ended job for good: its record, step records, files and "
+                "queue entries; a job of a comparison goes only with the comparison (--comparison)")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--comparison", action="store_true", help="ID is a comparison's: delete it and all its jobs, "
+                   "once every one has ended")
     p = command("compare", cmd_compare, "run one spec under several precision variants and compare them",
                 (compared,))
     p.add_argument("--variant", action="append", type=variant, metavar="POLICY[:MODE]",

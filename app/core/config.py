@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     `last_heartbeat` and the job's StartedJobRegistry expiry); far inside RQ's 90 s worker and job TTLs."""
     max_attempts: int = 3
     """Attempts per job, the first included; after the last, a lost worker fails the job (worker_lost)."""
+    redis_memory_high_water: float = Field(0.9, gt=0, le=1)
+    """The share of Redis's `maxmemory` past which `POST /jobs` and `POST /comparisons` answer 503 and
+    write nothing, so the jobs already running keep the rest for their steps. No limit when Redis has
+    no `maxmemory` (0)."""
     worker_gpus: str = "all"
     """`all`, or GPU indices as nvidia-smi numbers them (`0,1`): the GPUs `python -m worker` runs one
     job slot each on, every slot a process of its own pinned with CUDA_VISIBLE_DEVICES (worker/slots.py)."""

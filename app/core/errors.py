@@ -7,9 +7,16 @@ Error tree::
     │   ├── ArtifactNotFound HTTP 404
     │   └── ComparisonNotFound HTTP 404
     ├── ServiceUnavailable   HTTP 503 (Redis unreachable)
-    │   └── IdempotencyKeyContended HTTP 503 (concurrent requests kept rewriting one key)
+    │   ├── IdempotencyKeyContended HTTP 503 (concurrent requests kept rewriting one key)
+    │   └── RedisFull        HTTP 503 (Redis near or over its maxmemory)
     ├── Unauthorized         HTTP 401
     ├── IdempotencyConflict  HTTP 409
+    ├── JobAlreadyEnded      HTTP 409 (a cancel of an ended job; the body has its `state`)
+    ├── DeleteRefused        HTTP 409 (nothing was deleted)
+    │   ├── JobNotEnded
+    │   ├── ComparisonNotEnded
+    │   ├── JobInComparison
+    │   └── JobStillHeld
     ├── SpecRefused          HTTP 422 (valid, but over a deployment limit)
     └── JobFailed            a job ended with a named FailureReason
         ├── InvalidModel         reason=invalid_model
@@ -67,6 +74,27 @@ class ServiceUnavailable(MpjobsError):
         super().__init__(f"Redis is unreachable, so jobs cannot be read or queued right now: {detail}")
 
 
+class RedisFull(ServiceUnavailable):
+    """Redis holds too much to take a new job: over the high-water mark, or refusing writes (OOM)."""
+
+    def __init__(self, used: int, limit: int, high_water: float, refused: bool = False) -> None:
+        held = f"Redis holds {_size(used)} of its {_size(limit)} maxmemory ({used / max(limit, 1):.0%})"
+        why = (f"{held} and refused a write as out of memory" if refused else
+               f"{held}, over the {high_water:.0%} high-water mark (REDIS_MEMORY_HIGH_WATER)")
+        MpjobsError.__init__(self, f"{why}: no new job is taken, and nothing was written. Free memory by "
+                                   "deleting old jobs (DELETE /jobs/{id}?purge=true), lower HISTORY_RETENTION_S "
+                                   "so ended jobs' step records leave Redis sooner, or raise Redis's maxmemory.")
+        self.used, self.limit = used, limit
+
+
+def _size(n: int) -> str:
+    """Bytes in words: `1.5 GiB`, `512 MiB`, `900 KiB`."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
+
+
 class Unauthorized(MpjobsError):
     pass
 
@@ -82,6 +110,47 @@ class IdempotencyKeyContended(ServiceUnavailable):
 class IdempotencyConflict(MpjobsError):
     def __init__(self, what: str = "job spec") -> None:
         super().__init__(f"This Idempotency-Key was already used with a different {what}.")
+
+
+class JobAlreadyEnded(MpjobsError):
+    """A cancel of a job that has already ended: nothing to cancel (409, with the job's state)."""
+
+    def __init__(self, job_id: str, state: str) -> None:
+        super().__init__(f"Job {job_id!r} has already ended ({state}): there is nothing to cancel. To delete it "
+                         f"for good: DELETE /jobs/{job_id}?purge=true.")
+        self.state = state
+
+
+class DeleteRefused(MpjobsError):
+    """A delete (`purge=true`) that would lose a job still in use: nothing was deleted."""
+
+
+class JobNotEnded(DeleteRefused):
+    def __init__(self, job_id: str, state: str) -> None:
+        super().__init__(f"Job {job_id!r} is {state}; only an ended job can be deleted. Cancel it first "
+                         f"(DELETE /jobs/{job_id}), then delete it once it has ended. Nothing was deleted.")
+
+
+class ComparisonNotEnded(DeleteRefused):
+    def __init__(self, comparison_id: str, states: dict[str, str]) -> None:
+        jobs = ", ".join(f"{job_id!r} is {state}" for job_id, state in states.items())
+        super().__init__(f"Comparison {comparison_id!r} has jobs that have not ended ({jobs}); it is deleted "
+                         f"only once all have. Cancel it first (DELETE /comparisons/{comparison_id}), then "
+                         "delete it. Nothing was deleted.")
+
+
+class JobInComparison(DeleteRefused):
+    def __init__(self, job_id: str, comparison_id: str) -> None:
+        super().__init__(f"Job {job_id!r} belongs to comparison {comparison_id!r}, and is deleted with it: "
+                         f"DELETE /comparisons/{comparison_id}?purge=true deletes the comparison and all its "
+                         "jobs. Nothing was deleted.")
+
+
+class JobStillHeld(DeleteRefused):
+    def __init__(self, job_id: str, lease_s: float) -> None:
+        super().__init__(f"Job {job_id!r} has ended, but the worker that ran it has not let go of it yet "
+                         f"(its lease lapses within {lease_s:g} s if that worker died). Retry then. "
+                         "Nothing was deleted.")
 
 
 class SpecRefused(MpjobsError):

@@ -18,13 +18,15 @@ from app.store.counters import Counters
 from app.store.history import MetricHistory
 from app.store.idempotency import IdempotencyKey
 from app.store.leases import Leases
+from app.store.purge import PurgeRefusal, Purges
 from app.store.streams import RAW_BUCKET_LIMIT
 from app.store.views import VIEW_TTL_S, ViewCache
 
 
-class JobStore(Comparisons, Leases, CancelFlags, MetricHistory, Counters, ViewCache):
+class JobStore(Comparisons, Leases, CancelFlags, MetricHistory, Counters, ViewCache, Purges):
     """Jobs in Redis: records and transitions (with comparisons and their idempotency keys), leases,
-    cancel flags, metric streams (or their archive), counters and the view cache, each from its own module.
+    cancel flags, metric streams (or their archive), counters, the view cache and purges, each from its own
+    module.
 
     `artifacts_dir` (ARTIFACTS_DIR) is where archived histories are read from; a store without it
     reads only what is in Redis.
@@ -36,4 +38,4 @@ class JobStore(Comparisons, Leases, CancelFlags, MetricHistory, Counters, ViewCa
         self.histories = HistoryCache()
 
 
-__all__ = ["RAW_BUCKET_LIMIT", "VIEW_TTL_S", "ComparisonRecord", "IdempotencyKey", "JobStore"]
+__all__ = ["RAW_BUCKET_LIMIT", "VIEW_TTL_S", "ComparisonRecord", "IdempotencyKey", "JobStore", "PurgeRefusal"]

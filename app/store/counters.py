@@ -8,8 +8,9 @@ from app.core.job import JobState
 from app.store.base import RedisBacked
 from app.store.keys import STATS, TENANTS, index_key, job_key
 
-# Count each diagnosis code once per job: a flag on the job, then the counter.
+# Count each diagnosis code once per job: a flag on the job, then the counter (none for a deleted job).
 COUNT_DIAGNOSES = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 for _, code in ipairs(ARGV) do
   if redis.call('HSETNX', KEYS[1], 'counted:' .. code, 1) == 1 then
     redis.call('HINCRBY', KEYS[2], 'diagnoses:' .. code, 1)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from app.core.job import JobState
@@ -48,6 +49,8 @@ TENANTS = f"{PREFIX}tenants"
 STATS = f"{PREFIX}stats"
 JOB_INDEX_PREFIX = f"{PREFIX}jobs:"
 """`jobs:{tenant}` and `jobs:{tenant}:{state}`: the Lua scripts append the tenant and state themselves."""
+COMPARISON_PREFIX = f"{PREFIX}cmp:"
+"""`cmp:{id}`: the purge script appends a job's comparison id to see whether the comparison still exists."""
 
 
 RECORD_ID = re.compile(r"[0-9a-f]{32}")
@@ -96,8 +99,16 @@ def view_fresh_key(job_id: str, max_points: int) -> str:
     return f"{view_key(job_id, max_points)}:fresh"
 
 
+def job_keys(job_id: str, view_sizes: Iterable[int]) -> list[str]:
+    """Every key one job owns (its cached views for each of `view_sizes`): the record first and its
+    lease second, where the purge script reads them. A new per-job key belongs here, or a purge leaves it."""
+    views = [key for n in sorted(view_sizes) for key in (view_key(job_id, n), view_fresh_key(job_id, n))]
+    return [job_key(job_id), lease_key(job_id), events_key(job_id), metrics_key(job_id), rollup_key(job_id),
+            layers_key(job_id), archive_claim_key(job_id), *views]
+
+
 def comparison_key(comparison_id: str) -> str:
-    return f"{PREFIX}cmp:{comparison_id}"
+    return f"{COMPARISON_PREFIX}{comparison_id}"
 
 
 def comparison_index_key(tenant: str) -> str:

@@ -8,9 +8,14 @@ import path, so it never imports `worker`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from redis import Redis
 from redis.client import Pipeline
 from rq import Queue
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
+from rq.job import Job as RQJob
+from rq.job import JobStatus
 
 from app.core.spec import JobSpec
 
@@ -65,3 +70,28 @@ def enqueue(redis: Redis, spec: JobSpec, job_id: str, pipe: Pipeline, rq_job_id:
         description=f"train {spec.model_dump(include={'model'})['model'].get('name', 'keras_json')} "
                     f"{spec.precision_policy.value}",
     )
+
+
+def rq_job_ids(job_id: str, attempts: int, current: str) -> set[str]:
+    """Every RQ job a job may have had: its first (`job_id`), each retry's (`{job_id}-a2`, ...: the
+    reaper's names, worker/reaper.py, one past `attempts` for a retry canceled before it began)
+    and `current`, the one its record names."""
+    return {job_id, current, *(f"{job_id}-a{n}" for n in range(2, attempts + 2))}
+
+
+def rq_job_started(redis: Redis, rq_job_id: str) -> bool:
+    """Whether RQ holds `rq_job_id` as started: a worker is in its task, or RQ has not yet recorded its end."""
+    try:
+        return RQJob(rq_job_id, connection=redis).get_status() == JobStatus.STARTED
+    except InvalidJobOperation:  # no such RQ job
+        return False
+
+
+def delete_rq_jobs(redis: Redis, rq_job_ids: Iterable[str]) -> None:
+    """Delete RQ's records of these jobs with RQ itself: the job hash, its results and executions, and
+    its place in the queue and registries. Those already gone are skipped."""
+    for rq_job_id in sorted(rq_job_ids):
+        try:
+            RQJob.fetch(rq_job_id, connection=redis).delete()
+        except NoSuchJobError:
+            continue

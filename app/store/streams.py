@@ -91,7 +91,7 @@ class MetricStreams(RedisBacked):
         args = [after(keep_step), entry_id(keep_step), after(kept_rollups), entry_id(kept_rollups),
                 after(keep_step), entry_id(keep_step)]
         removed = int(self._run("rewind", keys, args))
-        self.redis.hset(job_key(job_id), "step", keep_step)
+        self._hset_existing(job_key(job_id), {"step": keep_step})
         return removed
 
     def latest_records(self, job_ids: Sequence[str]) -> dict[str, StepRecord]:

@@ -88,9 +88,12 @@ def test_cancel_running_job_stops_within_five_seconds(stack: Stack, client: http
     # The worker is free for the next job.
     next_id = submit(client, 5, precision_policy="float32")
     assert stack.wait_for_state(client, next_id, {"succeeded", "failed"}, timeout=60)["state"] == "succeeded"
-    # Canceling a terminal job changes nothing.
+    # Canceling a job that has ended is a 409 with its state, and changes nothing.
     again = client.delete(f"/jobs/{job_id}")
-    assert again.status_code == 202 and again.json()["state"] == "canceled"
+    assert again.status_code == 409 and again.json()["state"] == "canceled"
+    assert again.json()["detail"] == (f"Job {job_id!r} has already ended (canceled): there is nothing to cancel. "
+                                      f"To delete it for good: DELETE /jobs/{job_id}?purge=true.")
+    assert client.get(f"/jobs/{job_id}").json()["transitions"] == done["transitions"]
 
 
 SHORT_LEASE_S, SHORT_REAP_INTERVAL_S = 2.0, 0.5

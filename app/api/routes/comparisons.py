@@ -1,16 +1,17 @@
-"""Routes of /comparisons: create, list, read with its verdict, cancel."""
+"""Routes of /comparisons: create, list, read with its verdict, cancel or delete with its jobs."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Response, status
+from fastapi import APIRouter, Body, Header, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from app.api import services
-from app.api.deps import RQRedisDep, StoreDep, TenantDep
+from app.api.deps import MemoryDep, RQRedisDep, SettingsDep, StoreDep, TenantDep
 from app.api.params import ComparisonIdDep, ComparisonPageLimit, Cursor
-from app.api.resources import ERROR_RESPONSES, Comparison, ComparisonPage, ErrorBody
+from app.api.purge import purge_comparison
+from app.api.resources import ERROR_RESPONSES, REDIS_FULL, Comparison, ComparisonPage, ErrorBody
 from app.core.spec import ComparisonSpec
 
 router = APIRouter(prefix="/comparisons", tags=["comparisons"], responses=ERROR_RESPONSES)
@@ -35,15 +36,17 @@ EXAMPLES = {
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=Comparison,
-             responses={200: {"model": Comparison, "description": "The comparison an earlier request with this "
+             responses={**REDIS_FULL,
+                        200: {"model": Comparison, "description": "The comparison an earlier request with this "
                                                                  "Idempotency-Key created"},
                         409: {"model": ErrorBody, "description": "Idempotency-Key reused with a different spec"}})
 async def submit_comparison(
     spec: Annotated[ComparisonSpec, Body(openapi_examples=EXAMPLES)], store: StoreDep, redis: RQRedisDep,
-    tenant: TenantDep, response: Response,
+    tenant: TenantDep, memory: MemoryDep, response: Response,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> Comparison:
     """Run the spec once per precision variant, same seed and data, and compare each with float32."""
+    await run_in_threadpool(memory.require_room)
     comparison, created = await run_in_threadpool(services.submit_comparison, store, redis, spec, tenant,
                                                   idempotency_key)
     response.headers["Location"] = f"/comparisons/{comparison.id}"
@@ -67,8 +70,17 @@ async def get_comparison(comparison_id: ComparisonIdDep, store: StoreDep, tenant
     return await run_in_threadpool(services.get_comparison, store, comparison_id, tenant)
 
 
-@router.delete("/{comparison_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Comparison,
-               responses=NOT_FOUND)
-async def cancel_comparison(comparison_id: ComparisonIdDep, store: StoreDep, redis: RQRedisDep,
-                            tenant: TenantDep) -> Comparison:
+@router.delete("/{comparison_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Comparison, responses={
+    **NOT_FOUND, 204: {"description": "purge=true: the comparison and all its jobs are deleted for good"},
+    409: {"model": ErrorBody, "description": "purge=true while a job of it has not ended: nothing was deleted"},
+})
+async def cancel_comparison(
+    comparison_id: ComparisonIdDep, store: StoreDep, redis: RQRedisDep, tenant: TenantDep, settings: SettingsDep,
+    purge: Annotated[bool, Query(description="Delete the comparison and all its jobs for good "
+                                  "instead of canceling; every job must have ended (204)")] = False,
+) -> Comparison | Response:
+    """Cancel every job of the comparison (202). With `purge=true`, delete it and its jobs for good (204)."""
+    if purge:
+        await run_in_threadpool(purge_comparison, store, redis, settings, comparison_id, tenant)
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
     return await run_in_threadpool(services.cancel_comparison, store, redis, comparison_id, tenant)

@@ -1,18 +1,19 @@
-"""Routes of /jobs: submit (idempotent), list, read, cancel, download the trained model."""
+"""Routes of /jobs: submit (idempotent), list, read, cancel or delete, download the trained model."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Header, Response, status
+from fastapi import APIRouter, Body, Header, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
 from app.api import services
-from app.api.deps import RQRedisDep, SettingsDep, StoreDep, TenantDep, WorkersDep
+from app.api.deps import MemoryDep, RQRedisDep, SettingsDep, StoreDep, TenantDep, WorkersDep
 from app.api.examples import SPEC_EXAMPLES
 from app.api.params import Cursor, JobIdDep, JobPageLimit
-from app.api.resources import JOB_ERROR_RESPONSES, JobPage
+from app.api.purge import purge_job
+from app.api.resources import JOB_ERROR_RESPONSES, REDIS_FULL, ErrorBody, JobPage
 from app.core.job import Job, JobState
 from app.core.spec import JobSpec
 
@@ -22,13 +23,15 @@ router = APIRouter(prefix="/jobs", tags=["jobs"], responses=JOB_ERROR_RESPONSES)
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=Job,
              responses={200: {"model": Job, "description": "The job an earlier request with this Idempotency-Key "
                                                           "created"},
-                        409: {"description": "Idempotency-Key reused with a different spec"}})
+                        409: {"description": "Idempotency-Key reused with a different spec"}, **REDIS_FULL})
 async def submit_job(
     spec: Annotated[JobSpec, Body(openapi_examples=SPEC_EXAMPLES)], store: StoreDep, redis: RQRedisDep,
-    tenant: TenantDep, response: Response,
+    tenant: TenantDep, memory: MemoryDep, response: Response,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> Job:
-    """Queue a training job. Defaults are filled in; a bad spec gets 422 naming the field."""
+    """Queue a training job. Defaults are filled in; a bad spec gets 422 naming the field. Redis past
+    its memory high-water mark gets 503, and nothing is written."""
+    await run_in_threadpool(memory.require_room)
     job, created = await run_in_threadpool(services.submit, store, redis, spec, tenant, idempotency_key)
     response.headers["Location"] = f"/jobs/{job.id}"
     if not created:
@@ -52,10 +55,23 @@ async def get_job(job_id: JobIdDep, store: StoreDep, tenant: TenantDep, workers:
     return await run_in_threadpool(services.get, store, job_id, tenant, workers)
 
 
-@router.delete("/{job_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Job)
-async def cancel_job(job_id: JobIdDep, store: StoreDep, redis: RQRedisDep, tenant: TenantDep) -> Job:
-    """Queued: canceled at once. Running: its worker stops after its current step; a worker that does not
-    answer within 3 s (or whose lease is gone) is presumed dead, and the job is canceled at once. Ended: unchanged."""
+@router.delete("/{job_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Job, responses={
+    204: {"description": "purge=true: the ended job is deleted, with every trace of it"},
+    409: {"model": ErrorBody, "description": "The job has already ended (nothing to cancel); or purge=true on a "
+                                             "job that has not ended, or that belongs to a comparison: nothing "
+                                             "was deleted"},
+})
+async def cancel_job(
+    job_id: JobIdDep, store: StoreDep, redis: RQRedisDep, tenant: TenantDep, settings: SettingsDep,
+    purge: Annotated[bool, Query(description="Delete the ended job for good instead of "
+                                  "canceling: its record, metrics, files and queue entries (204)")] = False,
+) -> Job | Response:
+    """Cancel the job (202 with the job). Queued: canceled at once. Running: its worker stops after its current
+    step; a worker that does not answer within 3 s (or whose lease is gone) is presumed dead, and the job is
+    canceled at once. Ended: 409 with its state. With `purge=true`, delete an ended job for good (204)."""
+    if purge:
+        await run_in_threadpool(purge_job, store, redis, settings, job_id, tenant)
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
     return await run_in_threadpool(services.cancel, store, redis, job_id, tenant)
 
 

@@ -14,7 +14,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from redis import Redis
 from rq import Queue, Worker
 
-from app.api.deps import RQRedisDep, StoreDep
+from app.api.deps import MemoryDep, RQRedisDep, StoreDep
+from app.api.memory import MemoryGauge
 from app.core.job import JobState
 from app.core.records import DiagnosisCode
 from app.store import JobStore
@@ -26,8 +27,8 @@ DEVICE_CLASSES = ("gpu", "cpu")
 
 
 class ServiceCollector:
-    def __init__(self, store: JobStore, rq_redis: Redis) -> None:
-        self.store, self.rq_redis = store, rq_redis
+    def __init__(self, store: JobStore, rq_redis: Redis, memory: MemoryGauge) -> None:
+        self.store, self.rq_redis, self.memory = store, rq_redis, memory
 
     def collect(self) -> Iterator[Metric]:
         jobs = GaugeMetricFamily("mpjobs_jobs", "Jobs in each state, over all tenants.", labels=["state"])
@@ -64,6 +65,12 @@ class ServiceCollector:
         yield CounterMetricFamily("mpjobs_gradient_underflow_jobs", "Jobs diagnosed with float16 gradient "
                                   "underflow.", value=stats.get("diagnoses:gradient_underflow", 0))
 
+        memory = self.memory.read(max_age_s=0)
+        yield GaugeMetricFamily("mpjobs_redis_used_memory_bytes", "Memory Redis holds (INFO memory used_memory).",
+                                value=memory.used_memory_bytes)
+        yield GaugeMetricFamily("mpjobs_redis_maxmemory_bytes", "Redis's maxmemory; 0: no limit. Past "
+                                "REDIS_MEMORY_HIGH_WATER of it, new jobs get 503.", value=memory.maxmemory_bytes)
+
         speed = GaugeMetricFamily("mpjobs_running_examples_per_second",
                                   "Examples per second at the latest step of each running job.",
                                   labels=["job_id", "precision_policy"])
@@ -77,8 +84,9 @@ class ServiceCollector:
 
 @router.get("/metrics", response_class=Response,
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}})
-def prometheus_metrics(store: StoreDep, rq_redis: RQRedisDep) -> Response:
-    """Jobs by state, queue depths, live workers, step/skip/diagnosis counters, examples/s of running jobs."""
+def prometheus_metrics(store: StoreDep, rq_redis: RQRedisDep, memory: MemoryDep) -> Response:
+    """Jobs by state, queue depths, live workers, step/skip/diagnosis counters, Redis's memory against its
+    maxmemory, examples/s of running jobs."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ServiceCollector(store, rq_redis))
+    registry.register(ServiceCollector(store, rq_redis, memory))
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -67,8 +67,9 @@ def spec(steps: int = STEPS) -> JobSpec:
 def queued_job(store: JobStore, rq: Redis, tenant: str = TENANT) -> str:
     """A job with its RQ job in the `cpu` queue, as `POST /jobs` writes it."""
     s = spec()
-    return store.create(s, tenant, queues.queue_for(s), lambda job_id, pipe: queues.enqueue(rq, s, job_id, pipe),
-                        rq.pipeline(transaction=True))
+    job_id, _ = store.create(s, tenant, queues.queue_for(s),
+                             lambda job_id, pipe: queues.enqueue(rq, s, job_id, pipe), rq.pipeline(transaction=True))
+    return job_id
 
 
 def run(store: JobStore, job_id: str, settings: Settings) -> None:
@@ -210,9 +211,10 @@ def test_an_ended_job_whose_attempt_still_holds_its_lease_waits_for_it_then_is_r
 def comparison(store: JobStore, rq: Redis, tenant: str = TENANT) -> str:
     cmp_spec = ComparisonSpec.model_validate({"spec": {"model": {"name": "mlp"}, "training": {"steps": STEPS}}})
     jobs = [(job_spec, queues.queue_for(job_spec)) for job_spec in cmp_spec.job_specs()]
-    return store.create_comparison(
+    comparison_id, _ = store.create_comparison(
         cmp_spec, tenant, jobs, lambda job_id, job_spec, pipe: queues.enqueue(rq, job_spec, job_id, pipe),
         rq.pipeline(transaction=True))
+    return comparison_id
 
 
 def test_a_comparisons_job_goes_only_with_the_comparison_and_then_all_of_them_go(

@@ -8,7 +8,8 @@ from fastapi import APIRouter, Body, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from app.api import services
-from app.api.deps import RQRedisDep, StoreDep, TenantDep
+from app.api.admission import admit_comparison
+from app.api.deps import RQRedisDep, SettingsDep, StoreDep, TenantDep
 from app.api.resources import ERROR_RESPONSES, Comparison, ComparisonPage, ErrorBody
 from app.core.spec import ComparisonSpec
 
@@ -35,8 +36,11 @@ EXAMPLES = {
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=Comparison)
 async def submit_comparison(spec: Annotated[ComparisonSpec, Body(openapi_examples=EXAMPLES)], store: StoreDep,
-                      redis: RQRedisDep, tenant: TenantDep, response: Response) -> Comparison:
-    """Run the spec once per precision variant, same seed and data, and compare each with float32."""
+                      redis: RQRedisDep, tenant: TenantDep, settings: SettingsDep,
+                      response: Response) -> Comparison:
+    """Run the spec once per precision variant, same seed and data, and compare each with float32.
+    A variant over this deployment's limits (MAX_JOB_SECONDS, MAX_MODEL_BYTES) refuses it whole: 422."""
+    admit_comparison(spec, settings)
     comparison = await run_in_threadpool(services.submit_comparison, store, redis, spec, tenant)
     response.headers["Location"] = f"/comparisons/{comparison.id}"
     return comparison

@@ -164,7 +164,7 @@ def _float32_fallback(model: keras.Model, compute_dtype: str, on_cpu_tf: bool) -
     return rebuilt, names
 
 
-_NUMERIC_KINDS = ("float", "int", "uint", "bool")
+_NUMERIC_KINDS = ("float", "bfloat", "int", "uint", "bool")
 
 
 def _check_trainable(model: keras.Model, source: str) -> None:

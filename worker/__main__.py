@@ -31,6 +31,7 @@ from rq.worker import WorkerStatus
 from app.core.config import get_settings
 from app.store.queue import listening_queues
 from worker.gpus import chosen_gpus, host_gpus
+from worker.memory import tune_allocator
 from worker.reaper import Reaper
 from worker.slots import Supervisor
 
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    tune_allocator()  # before TensorFlow loads: a job's memory goes back after it (worker/memory.py)
     settings = get_settings()
     if args.slot is None:
         try:

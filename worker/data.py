@@ -122,8 +122,36 @@ def resolve_inside(root: Path, relative: str) -> Path:
     return target
 
 
+ZIP_MAGIC = b"PK\x03\x04"
+"""An .npz is a zip archive of .npy files (numpy.savez); a .npy file starts with NPY_MAGIC."""
+NPY_MAGIC = b"\x93NUMPY"
+NUMERIC_KINDS = "biuf"
+"""NumPy dtype kinds a model can train on: bool, signed and unsigned integers, floats."""
+_KIND_WORDS = {"U": "text", "S": "bytes", "c": "complex numbers", "M": "dates", "m": "time spans", "V": "raw records",
+               "O": "Python objects"}
+
+
+def _check_npz_file(path: Path, name: str) -> None:
+    """Refuse a file that is not an .npz before NumPy reads it (it would call a text file pickled data)."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(16)
+    except FileNotFoundError:
+        raise InvalidDataset(f"dataset.path {name!r} does not exist under the data root.") from None
+    except OSError as exc:
+        raise InvalidDataset(f"dataset.path {name!r} cannot be read: {exc.strerror}.") from None
+    if head.startswith(ZIP_MAGIC):
+        return
+    what = ("is empty" if not head else "is a single .npy array" if head.startswith(NPY_MAGIC)
+            else f"starts with {head[:8]!r}")
+    raise InvalidDataset(
+        f"dataset.path {name!r} is not an .npz file: it {what}. Expected a zip archive of arrays 'x' and 'y', "
+        "as numpy.savez(path, x=..., y=...) writes (it starts with b'PK').")
+
+
 def load_npz(spec: NpzDataset, data_root: Path) -> tuple[np.ndarray, np.ndarray]:
     path = resolve_inside(data_root, spec.path)
+    _check_npz_file(path, spec.path)
     try:
         with np.load(path, allow_pickle=False) as archive:
             x, y = archive["x"], archive["y"]
@@ -133,6 +161,12 @@ def load_npz(spec: NpzDataset, data_root: Path) -> tuple[np.ndarray, np.ndarray]
         raise InvalidDataset(f"dataset.path {spec.path!r} must hold arrays named 'x' and 'y'.") from None
     except (OSError, ValueError) as exc:
         raise InvalidDataset(f"dataset.path {spec.path!r} is not a readable .npz file: {exc}") from None
+    for name, array in (("x", x), ("y", y)):
+        if array.dtype.kind not in NUMERIC_KINDS:
+            raise InvalidDataset(
+                f"dataset {name!r} in {spec.path!r} holds {_KIND_WORDS.get(array.dtype.kind, array.dtype.name)}: "
+                f"models train on numbers, so "
+                f"{name!r} must be an array of floats, integers or booleans. Received: dtype={array.dtype.str!r}")
     if len(x) != len(y):
         raise InvalidDataset(f"dataset 'x' has {len(x)} samples but 'y' has {len(y)}.")
     return x, y

@@ -32,6 +32,7 @@ from worker.failures import named_failure
 from worker.float32_check import Float32Check
 from worker.interrupt import phase, set_phase
 from worker.lifecycle import Checkpointer, StopControl, TimeLimit
+from worker.memory import check_fits, release
 from worker.models import BuiltModel, build_model
 from worker.optimizer import TelemetryOptimizer
 from worker.recorder import StepRecorder
@@ -166,6 +167,7 @@ class Training:
             model.compile(optimizer=optimizer, loss=built.loss, metrics=metrics, auto_scale_loss=False,
                           jit_compile="auto" if strategy is None else False)
             optimizer.build(model.trainable_variables)
+        check_fits(model, optimizer, spec, device.kind)  # out_of_memory now, not deep in a step
         set_phase("preparing the data")
         self.dataset = load_dataset(
             spec, tuple(model.input_shape[1:]), tuple(model.output_shape[1:]), built.loss_name,
@@ -302,3 +304,4 @@ class Training:
 def release_memory() -> None:
     """Drop every model and graph of the last job (host and device memory) from this process."""
     keras.backend.clear_session(free_memory=True)
+    release()  # what clear_session leaves: TensorFlow's gradient registry, the C allocator's free memory

@@ -1,9 +1,11 @@
-"""Recognise a backend's "no kernel for this dtype" error, wherever it is raised.
+"""Recognise a backend's "no kernel for this dtype" and "out of memory" errors, wherever they are raised.
 
 TensorFlow and XLA say it several ways, in graphs and eagerly, while a model
 trains or while it is built (an initializer's op). `missing_kernel` turns each
 into `UnsupportedPrecision` with the op (or, where TensorFlow names only the
-op's parameter, that parameter) and a fix.
+op's parameter, that parameter) and a fix. `out_of_memory` turns TensorFlow's
+ResourceExhaustedError, NumPy's MemoryError and XLA's RESOURCE_EXHAUSTED into
+`OutOfMemory` with the tensor's shape and size.
 
 >>> error = RuntimeError("The precision 'F16_F16_F32' is not supported by dot_general on CPU.")
 >>> missing_kernel(error, "float16", "jax", "cpu").message.split(".")[0]
@@ -12,9 +14,10 @@ op's parameter, that parameter) and a fix.
 
 from __future__ import annotations
 
+import math
 import re
 
-from app.core.errors import JobFailed, UnsupportedPrecision
+from app.core.errors import JobFailed, OutOfMemory, UnsupportedPrecision
 
 _NO_KERNEL_HERE = re.compile(
     r"No OpKernel was registered to support Op '(?P<graph>\w+)'"
@@ -72,11 +75,59 @@ def missing_kernel(
     return None
 
 
+_TENSORFLOW_OOM = re.compile(
+    r"OOM when allocating tensor with shape\[(?P<shape>[\d,]*)\] and type (?P<dtype>\w+) on (?P<device>\S+)")
+"""TensorFlow's ResourceExhaustedError, eagerly and in graphs, on CPU (allocator mklcpu, cpu) and GPU (GPU_0_bfc)."""
+_NUMPY_OOM = re.compile(r"Unable to allocate (?P<size>[\d.]+ \w+) for an array with shape (?P<shape>\([\d, ]*\))"
+                        r" and data type (?P<dtype>\w+)")
+_XLA_OOM = re.compile(r"RESOURCE_EXHAUSTED: Out of memory (?:while trying to allocate|allocating) (?P<bytes>\d+) bytes")
+"""XLA under JAX, or under TensorFlow with jit_compile."""
+_TENSORFLOW_BYTES = {"double": 8, "int64": 8, "float": 4, "int32": 4, "half": 2, "bfloat16": 2, "int16": 2,
+                     "int8": 1, "uint8": 1, "bool": 1}
+_OOM_ADVICE = "Fix: a smaller training.batch_size or model, or a worker with more memory."
+
+
+def byte_size(value: float) -> str:
+    """4398046511104 -> "4 TiB"."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.3g} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def out_of_memory(exc: BaseException) -> OutOfMemory | None:
+    """The named failure for an error that says memory ran out, else None."""
+    text = str(exc)
+    tensorflow = _TENSORFLOW_OOM.search(text)
+    if tensorflow:
+        shape, dtype, device = tensorflow["shape"], tensorflow["dtype"], tensorflow["device"]
+        dims = [int(d) for d in shape.split(",") if d]
+        size = f" ({byte_size(math.prod(dims) * _TENSORFLOW_BYTES[dtype])})" if dtype in _TENSORFLOW_BYTES else ""
+        return OutOfMemory(f"Out of memory: a {dtype} tensor of shape [{shape}]{size} could not be allocated on "
+                           f"{device}. {_OOM_ADVICE}")
+    numpy = _NUMPY_OOM.search(text)
+    if numpy:
+        return OutOfMemory(f"Out of memory: a {numpy['dtype']} array of shape {numpy['shape']} ({numpy['size']}) "
+                           f"could not be allocated in RAM. {_OOM_ADVICE}")
+    xla = _XLA_OOM.search(text)
+    if xla:
+        return OutOfMemory(f"Out of memory: XLA could not allocate {byte_size(int(xla['bytes']))} on this device. "
+                           f"{_OOM_ADVICE}")
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "ResourceExhaustedError":
+        first = text.strip().splitlines()[0][:300] if text.strip() else "no details"
+        return OutOfMemory(f"Out of memory ({type(exc).__name__}: {first}). {_OOM_ADVICE}")
+    return None
+
+
 def named_failure(exc: Exception, compute_dtype: str, backend: str, device_kind: str) -> JobFailed:
     """The one place where TensorFlow/Keras errors become named failures."""
     missing = missing_kernel(exc, compute_dtype, backend, device_kind)
     if missing is not None:
         return missing
+    memory = out_of_memory(exc)
+    if memory is not None:
+        return memory
     text = str(exc)
     first_line = text.strip().splitlines()[0] if text.strip() else ""
     return JobFailed(f"{type(exc).__name__}: {first_line[:500]}")

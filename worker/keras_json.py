@@ -16,6 +16,7 @@ own so): it takes the job's, or a float32 job would round activations to float16
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -67,6 +68,29 @@ def _with_policy(config: dict[str, Any], policy: PrecisionPolicy) -> dict[str, A
         if built_compute in _HALF_DTYPES and _policy_of(cfg) == built_compute:
             _set_policy(cfg, policy.compute_dtype)
     return config
+
+
+_NESTED_CAUSE = "\n\nException encountered: "
+"""How Keras chains a deserialization error: each level's message, its whole config, then this and the next."""
+_LAYER_OF_CAUSE = re.compile(r"Error when deserializing class '(?P<cls>\w+)' using config=\{'name': '(?P<name>[^']*)'")
+
+
+def keras_cause(exc: BaseException) -> str:
+    """Keras's deserialization error, cause first and on one line: the innermost message, after the
+    layer it came from; without the configs Keras prints at each level (kilobytes of them).
+
+    >>> keras_cause(TypeError("<class 'Sequential'> could not be deserialized. config={'layers': [...]}."
+    ...     "\\n\\nException encountered: Error when deserializing class 'Dense' using config={'name': 'hidden'}."
+    ...     "\\n\\nException encountered: Received an invalid value for `units`. Received: units=many"))
+    "layer 'hidden' (Dense): Received an invalid value for `units`. Received: units=many"
+    """
+    text = str(exc)
+    cause = " ".join(text.split(_NESTED_CAUSE)[-1].split())
+    for marker in (" config=", " Config: ", " Full object config:"):
+        cause = cause.split(marker)[0]
+    layers = list(_LAYER_OF_CAUSE.finditer(text))
+    where = f"layer {layers[-1]['name']!r} ({layers[-1]['cls']}): " if layers else ""
+    return f"{where}{cause[:400]}"
 
 
 def load_keras_json(m: KerasJsonModel, policy: PrecisionPolicy) -> keras.Model:

@@ -26,8 +26,8 @@ from app.core.model_specs import (
 )
 from app.core.spec import JobSpec
 from worker.devices import detect_device
-from worker.failures import missing_kernel
-from worker.keras_json import load_keras_json
+from worker.failures import missing_kernel, out_of_memory
+from worker.keras_json import keras_cause, load_keras_json
 
 FLOAT16_MISSING_ON_CPU = ("MaxPooling3D", "AveragePooling3D")
 """Layers whose TensorFlow CPU kernels exist only for float32 and bfloat16."""
@@ -164,13 +164,22 @@ def _float32_fallback(model: keras.Model, compute_dtype: str, on_cpu_tf: bool) -
     return rebuilt, names
 
 
+_NUMERIC_KINDS = ("float", "bfloat", "int", "uint", "bool")
+
+
 def _check_trainable(model: keras.Model, source: str) -> None:
-    """Refuse what the engine cannot train on generated data: open shapes, nothing to train."""
+    """Refuse what the engine cannot train on generated data: open shapes, non-numeric inputs, nothing to train."""
     if not model.built:
         raise InvalidModel(f"{source} must declare its input shape: start it with keras.Input(shape). "
                            f"Received: a {type(model).__name__} that was never built.")
     for kind, tensors in (("input", model.inputs), ("output", model.outputs)):
         for tensor in tensors:
+            dtype = keras.backend.standardize_dtype(tensor.dtype)
+            if not dtype.startswith(_NUMERIC_KINDS):
+                raise InvalidModel(
+                    f"{source} {kind} {tensor.name!r} has dtype {dtype!r}: mpjobs trains on numbers (synthetic data "
+                    f"or .npz arrays), so every {kind} must be a float or an integer (token ids, with an Embedding). "
+                    f"Received: dtype={dtype!r}")
             shape = tuple(tensor.shape)
             if None in shape[1:]:
                 raise InvalidModel(
@@ -246,8 +255,11 @@ def build_model(spec: JobSpec, *, on_cpu_tf: bool) -> BuiltModel:
         unsupported = missing_kernel(exc, policy.compute_dtype, keras.backend.backend(), detect_device().kind)
         if unsupported is not None:
             raise unsupported from exc
+        memory = out_of_memory(exc)
+        if memory is not None:
+            raise memory from exc
         if isinstance(m, KerasJsonModel):  # Keras raises many types for a bad config.
-            raise InvalidModel(f"model.keras_json could not be loaded: {exc}") from None
+            raise InvalidModel(f"model.keras_json could not be loaded: {keras_cause(exc)}") from None
         raise
     finally:
         keras.config.set_dtype_policy(previous)

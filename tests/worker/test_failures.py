@@ -219,3 +219,58 @@ def test_xla_precision_refusal_is_a_named_unsupported_precision() -> None:
     failure = named_failure(error, "float16", device.backend, device.kind)
     assert failure.reason is FailureReason.UNSUPPORTED_PRECISION_ON_DEVICE
     assert "float16 kernel for op dot_general" in failure.message and "mixed_bfloat16 or float32" in failure.message
+
+
+OOM_ADVICE = "Fix: a smaller training.batch_size or model, or a worker with more memory."
+
+
+def test_tensorflow_out_of_memory_is_named_with_the_tensor_shape_and_size() -> None:
+    """A real ResourceExhaustedError, eagerly and from a graph (where its first line says only
+    "Graph execution error:"): 2**44 float32 values are 64 TiB."""
+    import tensorflow as tf
+
+    from worker.failures import named_failure
+
+    @tf.function
+    def in_a_graph(n: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_sum(tf.ones((n, 2**22)))
+
+    for allocate, shape in ((lambda: tf.zeros((2**44,)), "[17592186044416]"),
+                            (lambda: in_a_graph(tf.constant(2**22)), "[4194304,4194304]")):
+        with pytest.raises(tf.errors.ResourceExhaustedError) as raised:
+            allocate()
+        failure = named_failure(raised.value, "float32", "tensorflow", "cpu")
+        assert failure.reason is FailureReason.OUT_OF_MEMORY
+        assert failure.message.startswith(f"Out of memory: a float tensor of shape {shape} (64 TiB) could not be "
+                                          "allocated on /job:localhost/replica:0/task:0/device:CPU:0."), failure.message
+        assert failure.message.endswith(OOM_ADVICE)
+
+
+def test_numpy_out_of_memory_is_named_with_the_array_shape_and_size() -> None:
+    from worker.failures import named_failure
+
+    with pytest.raises(MemoryError) as raised:
+        np.empty((2**50,))
+    failure = named_failure(raised.value, "float32", "tensorflow", "cpu")
+    assert failure.reason is FailureReason.OUT_OF_MEMORY
+    assert failure.message == ("Out of memory: a float64 array of shape (1125899906842624,) (8.00 PiB) could not be "
+                               f"allocated in RAM. {OOM_ADVICE}")
+
+
+def test_xla_resource_exhausted_is_named_out_of_memory_with_its_size() -> None:
+    """JAX's own error (XLA's RESOURCE_EXHAUSTED), raised in a process of its own: 2**40 float32 values."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("jax")
+    code = ("import jax.numpy as jnp\ntry:\n    jnp.zeros((2**40,)).block_until_ready()\n"
+            "except Exception as e:\n    print(type(e).__name__, e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={"JAX_PLATFORMS": "cpu", "PATH": ""})
+    name, _, text = done.stdout.strip().partition(" ")
+    assert "RESOURCE_EXHAUSTED" in text, done.stdout + done.stderr
+    from worker.failures import named_failure
+
+    failure = named_failure(RuntimeError(text), "float32", "jax", "cpu")
+    assert failure.reason is FailureReason.OUT_OF_MEMORY
+    assert failure.message == f"Out of memory: XLA could not allocate 4 TiB on this device. {OOM_ADVICE}"

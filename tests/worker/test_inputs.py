@@ -86,12 +86,62 @@ def test_npz_with_wrong_shape_names_the_shapes(train: Train, settings: Settings,
 
 def test_broken_keras_json_is_an_invalid_model(train: Train, tmp_path: Path) -> None:
     config = json.loads(small_regressor())
-    config["config"]["layers"][1]["config"]["units"] = "many"
+    config["config"]["layers"][1]["config"].update(units="many", name="hidden")
     spec = spec_of(model={"keras_json": json.dumps(config), "loss": "huber"})
     with pytest.raises(JobFailed) as raised:
         train(spec, out=tmp_path / "no")
     assert raised.value.reason is FailureReason.INVALID_MODEL
+    # Keras's own message carries kilobytes of config ahead of its cause: the cause comes first, in one line.
+    assert raised.value.message == ("model.keras_json could not be loaded: layer 'hidden' (Dense): Received an invalid "
+                                    "value for `units`, expected a positive integer. Received: units=many")
     assert not (tmp_path / "no").exists()
+
+
+def test_a_string_input_is_an_invalid_model_saying_what_is_allowed(train: Train, tmp_path: Path) -> None:
+    config = json.loads(small_regressor())
+    config["config"]["layers"][0]["config"].update(dtype="string", name="words")
+    with pytest.raises(JobFailed) as raised:
+        train(spec_of(model={"keras_json": json.dumps(config), "loss": "mse"}), out=tmp_path / "no")
+    assert raised.value.reason is FailureReason.INVALID_MODEL
+    assert raised.value.message.startswith("model.keras_json input 'words' has dtype 'string': mpjobs trains "
+                                           "on numbers")
+    assert "must be a float or an integer" in raised.value.message
+    assert not (tmp_path / "no").exists()
+
+
+def test_an_npz_of_strings_is_an_invalid_dataset_saying_what_is_allowed(train: Train, settings: Settings,
+                                                                        tmp_path: Path) -> None:
+    settings.data_root.mkdir(parents=True)
+    np.savez(settings.data_root / "words.npz", x=np.array([["a"] * 784] * 64), y=np.zeros(64, np.int32))
+    with pytest.raises(JobFailed) as raised:
+        train(spec_of(dataset={"kind": "npz", "path": "words.npz"}), out=tmp_path / "no")
+    assert raised.value.reason is FailureReason.INVALID_DATASET
+    assert raised.value.message == ("dataset 'x' in 'words.npz' holds text: models train on numbers, so 'x' must be "
+                                    "an array of floats, integers or booleans. Received: dtype='<U1'")
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize(("content", "what"), [
+    pytest.param(b"x,y\n1,2\n", "starts with b'x,y\\n1,2\\n'", id="text"),
+    pytest.param(b"", "is empty", id="empty"),
+    pytest.param(None, "is a single .npy array", id="npy"),
+])
+def test_a_file_that_is_not_an_npz_is_called_so(train: Train, settings: Settings, tmp_path: Path,
+                                                content: bytes | None, what: str) -> None:
+    """NumPy reads an unknown file as a pickle, and would have the job say it holds pickled data."""
+    settings.data_root.mkdir(parents=True)
+    path = settings.data_root / "data.npz"
+    if content is None:
+        with open(path, "wb") as file:
+            np.save(file, np.zeros((64, 784), np.float32))
+    else:
+        path.write_bytes(content)
+    with pytest.raises(JobFailed) as raised:
+        train(spec_of(dataset={"kind": "npz", "path": "data.npz"}), out=tmp_path / "no")
+    assert raised.value.reason is FailureReason.INVALID_DATASET
+    assert raised.value.message == (
+        f"dataset.path 'data.npz' is not an .npz file: it {what}. Expected a zip archive of arrays 'x' and 'y', "
+        "as numpy.savez(path, x=..., y=...) writes (it starts with b'PK').")
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Body, Header, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from app.api import services
+from app.api.admission import admit_comparison
 from app.api.deps import MemoryDep, RQRedisDep, SettingsDep, StoreDep, TenantDep
 from app.api.params import ComparisonIdDep, ComparisonPageLimit, Cursor
 from app.api.purge import purge_comparison
@@ -42,10 +43,12 @@ EXAMPLES = {
                         409: {"model": ErrorBody, "description": "Idempotency-Key reused with a different spec"}})
 async def submit_comparison(
     spec: Annotated[ComparisonSpec, Body(openapi_examples=EXAMPLES)], store: StoreDep, redis: RQRedisDep,
-    tenant: TenantDep, memory: MemoryDep, response: Response,
+    tenant: TenantDep, memory: MemoryDep, settings: SettingsDep, response: Response,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> Comparison:
-    """Run the spec once per precision variant, same seed and data, and compare each with float32."""
+    """Run the spec once per precision variant, same seed and data, and compare each with float32.
+    A variant over this deployment's limits (MAX_JOB_SECONDS, MAX_MODEL_BYTES) refuses it whole: 422."""
+    admit_comparison(spec, settings)
     await run_in_threadpool(memory.require_room)
     comparison, created = await run_in_threadpool(services.submit_comparison, store, redis, spec, tenant,
                                                   idempotency_key)

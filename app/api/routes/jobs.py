@@ -9,6 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
 from app.api import services
+from app.api.admission import admit
 from app.api.deps import MemoryDep, RQRedisDep, SettingsDep, StoreDep, TenantDep, WorkersDep
 from app.api.examples import SPEC_EXAMPLES
 from app.api.params import Cursor, JobIdDep, JobPageLimit
@@ -26,11 +27,13 @@ router = APIRouter(prefix="/jobs", tags=["jobs"], responses=JOB_ERROR_RESPONSES)
                         409: {"description": "Idempotency-Key reused with a different spec"}, **REDIS_FULL})
 async def submit_job(
     spec: Annotated[JobSpec, Body(openapi_examples=SPEC_EXAMPLES)], store: StoreDep, redis: RQRedisDep,
-    tenant: TenantDep, memory: MemoryDep, response: Response,
+    tenant: TenantDep, memory: MemoryDep, settings: SettingsDep, response: Response,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> Job:
-    """Queue a training job. Defaults are filled in; a bad spec gets 422 naming the field. Redis past
-    its memory high-water mark gets 503, and nothing is written."""
+    """Queue a training job. Defaults are filled in; a bad spec, or one over this deployment's limits
+    (MAX_JOB_SECONDS, MAX_MODEL_BYTES), gets 422 naming the field. Redis past its memory high-water mark
+    gets 503. Either way nothing is written."""
+    admit(spec, settings)
     await run_in_threadpool(memory.require_room)
     job, created = await run_in_threadpool(services.submit, store, redis, spec, tenant, idempotency_key)
     response.headers["Location"] = f"/jobs/{job.id}"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from app.core.config import Settings
 from app.core.errors import SpecRefused
-from app.core.model_size import gib, training_memory
-from app.core.spec import ComparisonSpec, JobSpec
+from app.core.model_size import gib, synthetic_dataset_bytes, training_memory
+from app.core.spec import ComparisonSpec, JobSpec, SyntheticDataset
 
 Loc = tuple[str | int, ...]
 
@@ -23,8 +23,8 @@ def admit(spec: JobSpec, settings: Settings, at: Loc = (), variant: str | None =
         variant: the comparison variant `spec` runs, named in the message.
 
     Raises:
-        SpecRefused: `training.max_seconds` above MAX_JOB_SECONDS; a built-in model whose estimated
-            training memory (app/core/model_size.py) exceeds MAX_MODEL_BYTES.
+        SpecRefused: `training.max_seconds` above MAX_JOB_SECONDS; a built-in model whose synthetic dataset,
+            or whose estimated training memory (app/core/model_size.py), exceeds MAX_MODEL_BYTES.
     """
     limit_s = settings.max_job_seconds
     asked_s = spec.training.max_seconds
@@ -32,6 +32,14 @@ def admit(spec: JobSpec, settings: Settings, at: Loc = (), variant: str | None =
         raise SpecRefused((*at, "training", "max_seconds"), (
             f"Expected training.max_seconds to be at most {limit_s}, this deployment's limit on one attempt "
             f"(MAX_JOB_SECONDS). Received: max_seconds={asked_s}"))
+    data = synthetic_dataset_bytes(spec)
+    if data is not None and data > settings.max_model_bytes and isinstance(spec.dataset, SyntheticDataset):
+        samples = spec.dataset.samples
+        raise SpecRefused((*at, "dataset", "samples"), (
+            f"Expected a synthetic dataset that fits in {gib(settings.max_model_bytes)}, this deployment's limit "
+            f"(MAX_MODEL_BYTES={settings.max_model_bytes}). Received: samples={samples:,} of "
+            f"{data // samples:,} bytes each, {gib(data)} held at once. Fix: fewer dataset.samples "
+            "(the batches cycle through them), a smaller input, or a deployment with a larger MAX_MODEL_BYTES."))
     memory = training_memory(spec)
     if memory is None or memory.total <= settings.max_model_bytes:
         return

@@ -66,8 +66,8 @@ class Settings(BaseSettings):
     spec without one gets this. The job then fails with reason `timeout`, its last checkpoint kept."""
     max_model_bytes: int = Field(16 * 2**30, ge=1)
     """The API refuses (422) a built-in model whose estimated training memory (weights, gradients,
-    optimizer slots and activations) exceeds this; the worker also checks a built model against its
-    own free memory before training."""
+    optimizer slots and activations), or whose synthetic dataset, exceeds this; the worker also checks
+    a built model against its own free memory before training."""
     history_retention_s: float = Field(7 * 24 * 3600, ge=0)
     """How long an ended job's step records, rollups and layer checks stay in Redis before they are
     archived to `<ARTIFACTS_DIR>/<job id>/history/` (Parquet) and their streams removed; reads then come

@@ -166,3 +166,22 @@ def training_memory(spec: JobSpec) -> TrainingMemory | None:
     if not isinstance(spec.model, MlpModel | CnnModel | Conv3dUnetModel | TransformerModel):
         return None
     return estimate(spec, builtin_size(spec.model))
+
+
+def input_elements(model: BuiltinModel) -> int:
+    """Elements of one sample's input (float32, or int32 tokens for the transformer): 4 bytes each."""
+    if isinstance(model, MlpModel):
+        return model.input_dim
+    if isinstance(model, CnnModel):
+        return model.image_size * model.image_size * 3
+    if isinstance(model, Conv3dUnetModel):
+        return model.volume**3
+    return model.seq_len
+
+
+def synthetic_dataset_bytes(spec: JobSpec) -> int | None:
+    """The synthetic dataset's inputs as the worker holds them (worker/data.py draws them all at the start),
+    for a built-in model; None for an npz dataset or a keras_json model (sized where they are read)."""
+    if spec.dataset.kind != "synthetic" or not isinstance(spec.model, BuiltinModel):
+        return None
+    return spec.dataset.samples * input_elements(spec.model) * 4

@@ -80,7 +80,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 REDIS_FULL: dict[int | str, dict[str, Any]] = {
     503: {"model": ErrorBody, "description": "Redis is unreachable, or past its memory high-water mark "
                                              "(REDIS_MEMORY_HIGH_WATER): nothing was written"},
+    415: {"model": ErrorBody, "description": "The body was not sent as JSON (Content-Type: application/json)"},
 }
+"""The answers of a route that queues work: besides a bad body's 422, a full Redis and a body not sent as JSON."""
 
 
 JOB_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -49,7 +49,10 @@ def test_a_stream_open_while_its_job_is_archived_goes_on_from_the_archive(stack:
     whole = history(list(events(client, job_id)))
     stream = events(client, job_id)
     first = [next(stream)]  # the server has read a batch or a few (what the socket holds) and waits
-    assert Archiver(store, retention_s=0).archive(job_id) == "archived"
+    # "changed" is the archiver's answer when a watched key moved under it (seen once in the full suite on a
+    # loaded machine, from a dropped watching connection): a sweep tries again, and so does this test.
+    outcomes = [Archiver(store, retention_s=0).archive(job_id) for _ in range(3)]
+    assert "archived" in outcomes and set(outcomes) <= {"changed", "archived", "already archived"}, outcomes
     assert not store.redis.exists(metrics_key(job_id))
     rest = list(stream)
     assert history(first + rest) == whole and rest[-1][0] == "end"

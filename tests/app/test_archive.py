@@ -5,7 +5,6 @@ never removes what changed while it was read."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -30,14 +29,6 @@ from app.store.keys import ENDED, archive_claim_key, job_key, layers_key, metric
 from app.store.retention import Archiver
 from tests.app.history import SPEC, ended_job, records
 from tests.stack import RedisServer
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    redis = RedisServer(tmp_path_factory.mktemp("redis"))
-    redis.start()
-    yield redis
-    redis.stop()
 
 
 @pytest.fixture

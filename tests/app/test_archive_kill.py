@@ -8,11 +8,9 @@ import select
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 
 from app.store import JobStore
 from app.store.archive import LAYERS_FILE, METRICS_FILE, ROLLUPS_FILE
@@ -20,14 +18,6 @@ from app.store.keys import ENDED, archive_claim_key, layers_key, metrics_key, ro
 from app.store.retention import Archiver
 from tests.app.history import ended_job
 from tests.stack import ROOT, RedisServer, wait_until
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    redis = RedisServer(tmp_path_factory.mktemp("redis"))
-    redis.start()
-    yield redis
-    redis.stop()
 
 
 def read_line(process: subprocess.Popen[str], timeout: float) -> str:

@@ -30,14 +30,6 @@ STEPS = 2 * ROLLUP_STEPS + 6
 """Steps of each ended job: two whole rollups and a tail."""
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def store(server: RedisServer) -> Iterator[JobStore]:
     client = server.client()

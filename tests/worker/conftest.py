@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,6 @@ import tensorflow as tf  # noqa: E402
 
 from app.core.config import Settings
 from app.core.spec import JobSpec
-from tests.stack import RedisServer
 from worker import checkpoint  # noqa: E402
 from worker.engine import RunResult, run_job  # noqa: E402
 from worker.models import build_model  # noqa: E402
@@ -31,15 +30,6 @@ def spec_of(**fields: Any) -> JobSpec:
 
 
 Train = Callable[..., tuple[RunResult, ListReporter]]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """A real redis-server on a free port, for the tests of the worker's Redis side."""
-    redis = RedisServer(tmp_path_factory.mktemp("redis"))
-    redis.start()
-    yield redis
-    redis.stop()
 
 
 @pytest.fixture

@@ -130,7 +130,6 @@ class ProgressView:
         self.shown_at, self.shown_step, self.shown_phase = time.monotonic(), step, phase
 
 
-
 def in_notebook() -> bool:
     """Whether this runs in a Jupyter kernel (IPython over ZMQ), without importing IPython when it is not loaded."""
     ipython = sys.modules.get("IPython")
@@ -140,14 +139,13 @@ def in_notebook() -> bool:
 
 class NotebookOut:
     """A stand-in terminal for `ProgressView` in Jupyter: what a terminal would show (the finished lines, then
-    the line being redrawn after its last carriage return) goes to one output that is updated in place."""
+    the line being redrawn after its last carriage return) goes to one output, `handle`, updated in place
+    (an IPython `DisplayHandle`: anything with `update(data, raw=True)`)."""
 
-    def __init__(self) -> None:
-        from IPython.display import display  # only in a notebook, where IPython is loaded already
-
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
         self.lines: list[str] = []
         self.current = ""
-        self.handle = display({"text/plain": ""}, raw=True, display_id=True)
 
     def isatty(self) -> bool:
         return True
@@ -160,13 +158,20 @@ class NotebookOut:
             self.current = part.rsplit("\r", 1)[-1] if "\r" in part else self.current + part
         return len(text)
 
+    @property
+    def text(self) -> str:
+        return "\n".join([*self.lines, self.current]).rstrip("\n")
+
     def flush(self) -> None:
-        if self.handle is not None:
-            self.handle.update({"text/plain": "\n".join([*self.lines, self.current]).rstrip("\n")}, raw=True)
+        self.handle.update({"text/plain": self.text}, raw=True)
 
 
 def progress_view(total: int, phase_of: Callable[[], str | None] | None = None, interval: float = 5.0
                   ) -> ProgressView:
     """The view for where this runs: Jupyter's output, else stderr (a bar on a terminal, lines every `interval` s)."""
-    out: Any = NotebookOut() if in_notebook() else sys.stderr
+    out: Any = sys.stderr
+    if in_notebook():
+        from IPython.display import display  # loaded already: this runs in its kernel
+
+        out = NotebookOut(display({"text/plain": ""}, raw=True, display_id=True))
     return ProgressView(out, total, interval, phase_of)

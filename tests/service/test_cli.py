@@ -23,10 +23,10 @@ from app.cli import CliError, Exit, build_parser, comparison_report, main, summa
 from app.cli.commands import cmd_compare
 from app.core.records import LayerNumerics, StepRecord
 from app.core.spec import ComparisonSpec
+from mpjobs import Client
 from tests.app.test_layer_checks import check
 from tests.app.test_missing_steps import finish, record
 from tests.service.test_layers_api import ended_job, running_job
-from mpjobs import Client
 from tests.stack import ROOT, Stack, free_port, wait_until
 
 STEPS = 30

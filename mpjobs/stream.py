@@ -79,13 +79,12 @@ def follow(http: httpx.Client, job_id: str, after: int = 0, deadline: float | No
     heard = time.monotonic()
     url = str(http.base_url).rstrip("/")
     while True:
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            raise WaitTimeout(f"job {job_id} had not ended when the wait ran out")
+        left = _left(deadline, job_id)
         read_timeout = STREAM_READ_TIMEOUT_S if left is None else max(0.1, min(left, STREAM_READ_TIMEOUT_S))
         try:
             for event in open_events(http, job_id, after, read_timeout):
                 heard = time.monotonic()
+                _left(deadline, job_id)
                 if event.kind == "metrics":
                     step = int(event.id) if event.id is not None else event.json()["step"]
                     if step <= after:
@@ -107,3 +106,13 @@ def follow(http: httpx.Client, job_id: str, after: int = 0, deadline: float | No
                 raise Unreachable(f"lost the API at {url} for {give_up_s:.0f} s: {exc}") from exc
         time.sleep(RECONNECT_S)  # the stream ended early or failed: reopen it after the last step received
 
+
+
+def _left(deadline: float | None, job_id: str) -> float | None:
+    """Seconds left before `deadline` (None: no deadline); `WaitTimeout` once it has passed."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise WaitTimeout(f"job {job_id} had not ended when the wait ran out")
+    return left

@@ -99,7 +99,9 @@ def test_a_comparisons_frame_holds_each_variants_steps_and_its_verdict_is_the_ap
     assert len(expected) == 8 and rows(frame) == expected
 
 
-def test_errors_are_the_apis_answers_as_one_tree(mp: mpjobs.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_errors_are_the_apis_answers_as_one_tree_and_a_wait_can_run_out(
+    mp: mpjobs.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(mpjobs.NotFound) as missing:
         mp.job("f" * 32)
     assert (missing.value.status, str(missing.value)) == (404, f"No job with id {'f' * 32!r}.")
@@ -110,6 +112,11 @@ def test_errors_are_the_apis_answers_as_one_tree(mp: mpjobs.Client, monkeypatch:
     down = mpjobs.Client("http://127.0.0.1:9", api_key="")  # nothing listens on the discard port
     with pytest.raises(mpjobs.Unreachable, match="cannot reach the API at http://127.0.0.1:9"):
         down.jobs()
+    queued = mp.submit(SMALL, steps=5, device="gpu")  # no GPU worker runs in the tests: it stays queued
+    for progress in (False, True):
+        with pytest.raises(mpjobs.WaitTimeout):
+            queued.wait(progress=progress, timeout=0.5)
+    assert queued.cancel().state.value == "canceled" and queued.cancel().state.value == "canceled"  # then a 409
     monkeypatch.setitem(sys.modules, "pandas", None)  # as if not installed
     with pytest.raises(ImportError, match="pip install pandas"):
         mp.submit(SMALL, steps=1).to_pandas()

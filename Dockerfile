@@ -7,6 +7,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /srv
 COPY pyproject.toml README.md ./
 COPY app ./app
+COPY mpjobs ./mpjobs
 COPY worker ./worker
 
 FROM base AS api

@@ -35,7 +35,7 @@ test: install redis-server chromium bench-tools lint
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 lint: install
-	$(VENV)/bin/ruff check app worker tests bench
+	$(VENV)/bin/ruff check app worker tests bench mpjobs
 	$(VENV)/bin/mypy
 
 # Load generators for the benchmarks: wrk, and redis-benchmark (Debian's redis-tools).

@@ -1,7 +1,8 @@
 """`mpjobs`: submit, follow and compare training jobs from a shell, over the HTTP API.
 
-It speaks HTTP only (httpx) and never imports TensorFlow, `worker`, redis or FastAPI.
-The server validates every spec; its 422 is the authority, printed field by field.
+It is built on the Python client (`mpjobs.Client`: httpx and the API's schemas) and never imports
+TensorFlow, `worker`, redis or FastAPI. The server validates every spec; its 422 is the authority,
+printed field by field.
 
 Exit codes are the same for every command: `EXIT_CODES` in parser.py, and docs/cli.md.
 """
@@ -11,19 +12,22 @@ from __future__ import annotations
 import os
 import sys
 
-from app.cli.api import Api
-from app.cli.errors import CliError, Exit
+from app.cli.errors import CliError, Exit, cli_error
 from app.cli.parser import build_parser
 from app.cli.words import comparison_report, summary_lines
+from mpjobs import Client, MpjobsError
 
-__all__ = ["Api", "CliError", "Exit", "build_parser", "comparison_report", "main", "summary_lines"]
+__all__ = ["CliError", "Exit", "build_parser", "comparison_report", "main", "summary_lines"]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    api = Api(args.url, args.api_key, args.timeout)
+    client = Client(args.url, args.api_key, args.timeout)
     try:
-        return int(args.run(api, args))
+        try:
+            return int(args.run(client, args))
+        except MpjobsError as exc:
+            raise cli_error(exc) from exc
     except CliError as exc:
         print(f"mpjobs: {exc.message}", file=sys.stderr)
         return int(exc.code)
@@ -35,5 +39,4 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # so the exit-time flush of stdout cannot fail again
         return int(Exit.OK)
     finally:
-        api.client.close()
-
+        client.close()

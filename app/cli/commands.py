@@ -1,4 +1,4 @@
-"""The subcommands: one `cmd_*` function each, taking the API and the parsed arguments."""
+"""The subcommands: one `cmd_*` function each, taking the client (mpjobs.Client) and the parsed arguments."""
 
 from __future__ import annotations
 
@@ -12,16 +12,14 @@ import time
 from collections.abc import Iterator
 from typing import Any, TextIO, TypeVar
 
-from app.cli.api import Api
 from app.cli.errors import CliError, Exit, exit_for
 from app.cli.spec import build_spec, file_spec
 from app.cli.watch import POLL_INTERVAL_S, watch, watch_comparison
 from app.cli.words import comparison_report, layers_report, spec_words, summary_lines, table
-from app.core.job import JobState
+from app.core.job import JobState, MetricsPage
 from app.core.records import LayerNumerics, StepRecord
+from mpjobs import Client
 
-PAGE_LIMIT = 10_000
-"""Steps per metrics request: the API's own cap."""
 LAYERS_PAGE_LIMIT = 100
 """Layer checks per request: each holds every layer's numerics, so a page of them is far larger than a step's."""
 LAYER_CSV_FIELDS = ["step", "compute_dtype", "loss_scale", *LayerNumerics.model_fields]
@@ -30,24 +28,22 @@ SCALED = 1
 """Where the default variants' scaled mixed_float16 variant is: the one a fixed or dynamic loss scale sets."""
 
 
-def cmd_submit(api: Api, args: argparse.Namespace) -> int:
-    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else {}
-    job = api.call("POST", "/jobs", json=build_spec(args), headers=headers)
-    print(job["id"])
-    print(f"{job['state']}: {spec_words(job['spec'])}", flush=True)
-    for note in job.get("notes") or []:
+def cmd_submit(client: Client, args: argparse.Namespace) -> int:
+    job = client.submit(build_spec(args), idempotency_key=args.idempotency_key).resource
+    print(job.id)
+    print(f"{job.state.value}: {spec_words(job.spec.model_dump(mode='json'))}", flush=True)
+    for note in job.notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
-    return watch(api, job["id"], args.interval) if args.watch else Exit.OK
+    return watch(client, job.id, args.interval) if args.watch else Exit.OK
 
 
-def cmd_list(api: Api, args: argparse.Namespace) -> int:
+def cmd_list(client: Client, args: argparse.Namespace) -> int:
     jobs: list[dict[str, Any]] = []
     cursor = None
     while len(jobs) < args.limit:
-        params = {"limit": min(200, args.limit - len(jobs)), "state": args.state, "cursor": cursor}
-        page = api.call("GET", "/jobs", params={k: v for k, v in params.items() if v is not None})
-        jobs += page["jobs"]
-        cursor = page["next_cursor"]
+        page = client.jobs(state=args.state, limit=min(200, args.limit - len(jobs)), cursor=cursor)
+        jobs += [job.model_dump(mode="json") for job in page.jobs]
+        cursor = page.next_cursor
         if cursor is None:
             break
     rows = [[j["id"], j["state"], j["spec"]["precision_policy"], (j["spec"].get("loss_scale") or {}).get("mode", "-"),
@@ -58,8 +54,8 @@ def cmd_list(api: Api, args: argparse.Namespace) -> int:
     return Exit.OK
 
 
-def cmd_show(api: Api, args: argparse.Namespace) -> int:
-    job = api.call("GET", f"/jobs/{args.job_id}")
+def cmd_show(client: Client, args: argparse.Namespace) -> int:
+    job = client.job(args.job_id).resource.model_dump(mode="json")
     if args.json:
         print(json.dumps(job, indent=2))
         return Exit.OK
@@ -78,8 +74,8 @@ def cmd_show(api: Api, args: argparse.Namespace) -> int:
     return Exit.OK
 
 
-def cmd_watch(api: Api, args: argparse.Namespace) -> int:
-    return watch(api, args.job_id, args.interval)
+def cmd_watch(client: Client, args: argparse.Namespace) -> int:
+    return watch(client, args.job_id, args.interval)
 
 
 def _cell(value: Any) -> Any:
@@ -91,13 +87,9 @@ def _output(args: argparse.Namespace) -> contextlib.AbstractContextManager[TextI
     return open(args.output, "w", newline="") if args.output else contextlib.nullcontext(sys.stdout)
 
 
-def metric_pages(api: Api, job_id: str) -> Iterator[dict[str, Any]]:
-    """Every page of the job's step records, in step order."""
-    after: int | None = 0
-    while after is not None:
-        page: dict[str, Any] = api.call("GET", f"/jobs/{job_id}/metrics", params={"after": after, "limit": PAGE_LIMIT})
-        yield page
-        after = page["next_after"]
+def metric_pages(client: Client, job_id: str) -> Iterator[MetricsPage]:
+    """Every page of the job's step records, in step order; no request is made before the first is asked for."""
+    yield from client.job(job_id).pages()
 
 
 T = TypeVar("T")
@@ -110,18 +102,18 @@ def _started(items: Iterator[T]) -> Iterator[T]:
     return iter(()) if first is None else itertools.chain([first], items)
 
 
-def cmd_metrics(api: Api, args: argparse.Namespace) -> int:
-    pages = _started(metric_pages(api, args.job_id))
+def cmd_metrics(client: Client, args: argparse.Namespace) -> int:
+    pages = _started(metric_pages(client, args.job_id))
     fields = list(StepRecord.model_fields)
     with _output(args) as out:
         writer = csv.DictWriter(out, fields, extrasaction="ignore", lineterminator="\n")
         if args.csv:
             writer.writeheader()
         for page in pages:
-            for first_missing, last_missing in page.get("missing_steps") or []:
+            for first_missing, last_missing in page.missing_steps:
                 print(f"warning: steps {first_missing}-{last_missing} are missing (lost on the server)",
                       file=sys.stderr)
-            for point in page["points"]:
+            for point in (p.model_dump(mode="json") for p in page.points):
                 if args.csv:
                     writer.writerow({k: _cell(v) for k, v in point.items()})
                 else:
@@ -129,18 +121,19 @@ def cmd_metrics(api: Api, args: argparse.Namespace) -> int:
     return Exit.OK
 
 
-def layer_checks(api: Api, job_id: str) -> Iterator[dict[str, Any]]:
+def layer_checks(client: Client, job_id: str) -> Iterator[dict[str, Any]]:
     """Every layer check of the job, in step order, page by page."""
+    job = client.job(job_id)
     after: int | None = 0
     while after is not None:
-        page = api.call("GET", f"/jobs/{job_id}/layers", params={"after": after, "limit": LAYERS_PAGE_LIMIT})
-        yield from page["checks"]
-        after = page["next_after"]
+        page = job.layer_checks(after=after, limit=LAYERS_PAGE_LIMIT)
+        yield from (check.model_dump(mode="json") for check in page.checks)
+        after = page.next_after
 
 
-def cmd_layers(api: Api, args: argparse.Namespace) -> int:
+def cmd_layers(client: Client, args: argparse.Namespace) -> int:
     if args.csv:
-        checks = _started(layer_checks(api, args.job_id))
+        checks = _started(layer_checks(client, args.job_id))
         with _output(args) as out:
             writer = csv.DictWriter(out, LAYER_CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
             writer.writeheader()
@@ -149,7 +142,7 @@ def cmd_layers(api: Api, args: argparse.Namespace) -> int:
                 writer.writerows({k: _cell(v) for k, v in {**layer, **at}.items()} for layer in check["layers"])
         return Exit.OK
     latest, count = None, 0
-    for check in layer_checks(api, args.job_id):  # one page at a time: only the last check is kept
+    for check in layer_checks(client, args.job_id):  # one page at a time: only the last check is kept
         latest, count = check, count + 1
     with _output(args) as out:
         out.write((layers_report(args.job_id, latest, count) if latest else
@@ -158,10 +151,11 @@ def cmd_layers(api: Api, args: argparse.Namespace) -> int:
     return Exit.OK
 
 
-def cmd_cancel(api: Api, args: argparse.Namespace) -> int:
-    job = api.call("GET", f"/jobs/{args.job_id}")
-    if not JobState(job["state"]).terminal:  # an ended job's DELETE is a 409: nothing to cancel
-        job = api.call("DELETE", f"/jobs/{args.job_id}")
+def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
+    handle = client.job(args.job_id)
+    if not handle.done:  # an ended job's DELETE is a 409: nothing to cancel
+        handle.cancel()
+    job: dict[str, Any] = handle.resource.model_dump(mode="json")
     state = JobState(job["state"])
     if state is JobState.RUNNING:
         print(f"{job['id']}: running; cancel requested, it stops after its current step")
@@ -173,16 +167,15 @@ def cmd_cancel(api: Api, args: argparse.Namespace) -> int:
         return Exit.OK
     while not JobState(job["state"]).terminal:
         time.sleep(POLL_INTERVAL_S)
-        job = api.call("GET", f"/jobs/{args.job_id}")
+        job = handle.refresh().resource.model_dump(mode="json")
     if state is not JobState(job["state"]):
         print(f"{job['id']}: {job['state']}")
     return exit_for(job["state"])
 
 
-def cmd_delete(api: Api, args: argparse.Namespace) -> int:
+def cmd_delete(client: Client, args: argparse.Namespace) -> int:
     """`DELETE ...?purge=true`: the ended job (or comparison, with all its jobs) and every trace of it."""
-    what = "comparisons" if args.comparison else "jobs"
-    api.call("DELETE", f"/{what}/{args.id}", params={"purge": "true"})
+    (client.delete_comparison if args.comparison else client.delete_job)(args.id)
     print(f"{args.id}: deleted" + (" with all its jobs" if args.comparison else ""))
     return Exit.OK
 
@@ -251,23 +244,20 @@ def unused_settings(args: argparse.Namespace, file: dict[str, Any], scaled_sent:
             f"each variant sets its own ({', '.join(labels)}){where}.{timing}")
 
 
-def cmd_compare(api: Api, args: argparse.Namespace) -> int:
+def cmd_compare(client: Client, args: argparse.Namespace) -> int:
     if args.show:
-        c = api.call("GET", f"/comparisons/{args.show}")
+        c = client.comparison(args.show).resource.model_dump(mode="json")
     else:
         file = file_spec(args)
         spec = build_spec(args, file)
         variants = compare_variants(args, spec)
-        body: dict[str, Any] = {"name": args.name, "spec": spec, "variants": variants}
-        if args.tolerance is not None:
-            body["tolerance"] = args.tolerance
-        c = api.call("POST", "/comparisons", json=body)
+        c = client.compare(spec, variants, name=args.name, tolerance=args.tolerance).resource.model_dump(mode="json")
         notice = unused_settings(args, file, variants is not None and not args.variant,
                                  [v["label"] for v in c["variants"]])
         if notice:
             print(notice, file=sys.stderr)
         print(c["id"], flush=True)
     if args.watch and c["state"] != "done":
-        c = watch_comparison(api, c["id"])
+        c = watch_comparison(client, c["id"])
     print(comparison_report(c))
     return comparison_exit(c)

@@ -1,9 +1,10 @@
-"""Exit codes and the one error that ends a command (`CliError`); docs/cli.md lists the codes."""
+"""Exit codes, the one error that ends a command (`CliError`), and the client's errors as exit codes."""
 
 from __future__ import annotations
 
 from enum import IntEnum
 
+import mpjobs
 from app.core.job import JobState
 
 
@@ -31,3 +32,22 @@ class CliError(Exception):
 
 def exit_for(state: str) -> Exit:
     return STATE_EXIT.get(JobState(state), Exit.OK)
+
+
+def cli_error(exc: mpjobs.MpjobsError) -> CliError:
+    """The one place a client error becomes an exit code and a message (docs/cli.md)."""
+    if isinstance(exc, mpjobs.InvalidSpec) and isinstance(exc.detail, list):
+        return CliError(Exit.USAGE, str(exc))  # each field on a line of its own
+    if isinstance(exc, mpjobs.NotFound):
+        return CliError(Exit.NOT_FOUND, str(exc.detail))
+    if isinstance(exc, mpjobs.Unauthorized):
+        return CliError(Exit.UNAVAILABLE, f"{exc.detail} ({exc.status}; pass --api-key or set MPJOBS_API_KEY)")
+    if isinstance(exc, mpjobs.ClientError):
+        return CliError(Exit.USAGE, f"{exc.detail} ({exc.status})")
+    if isinstance(exc, mpjobs.ServerError):
+        return CliError(Exit.UNAVAILABLE, f"the API answered {exc.status}: {exc.detail}")
+    if isinstance(exc, mpjobs.Timeout):
+        return CliError(Exit.UNAVAILABLE, f"{exc} (--timeout)")
+    if isinstance(exc, mpjobs.BadResponse):
+        return CliError(Exit.UNAVAILABLE, str(exc).replace("is the url right?", "is --url right?"))
+    return CliError(Exit.UNAVAILABLE, str(exc))

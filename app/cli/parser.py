@@ -20,8 +20,8 @@ from app.cli.commands import (
 from app.cli.spec import variant
 from app.core.job import JobState
 from app.core.spec import LossScaleMode, PrecisionPolicy
+from mpjobs.client import DEFAULT_TIMEOUT_S, DEFAULT_URL
 
-DEFAULT_URL = "http://127.0.0.1:8000"
 MODELS = ("mlp", "cnn", "conv3d_unet", "transformer")
 
 EXIT_CODES = """exit codes:
@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the API (default: $MPJOBS_URL or %(default)s)")
     parser.add_argument("--api-key", default=os.environ.get("MPJOBS_API_KEY"),
                         help="sent as Authorization: Bearer KEY (default: $MPJOBS_API_KEY)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP request (default: 30)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds per HTTP request (default: %(default)g)")
     # The same options after the command (`mpjobs show ID --url ...`); SUPPRESS keeps the defaults above.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=argparse.SUPPRESS, help=argparse.SUPPRESS)

@@ -6,30 +6,14 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from app.core.formats import number, percent, rate, ratio, ratio_range, speed_words
+from app.core.formats import num, number, percent, rate, ratio, ratio_range, scale_num, speed_words
 from app.core.job import JobState
-
-
-def num(value: Any) -> str:
-    """4 significant digits, as the dashboard shows them; null (a non-finite value in the API) says so."""
-    return "non-finite" if value is None else number(value)
-
-
-def scale_num(value: Any) -> str:
-    """Loss scales are powers of two; show them whole (32768, not 3.277e+04)."""
-    return "n/a" if value is None else f"{value:.10g}"
 
 
 def power_of_two(value: float) -> str:
     """A loss scale as people write it: 1024 or 32768, and 2^32 where %g would write 4.29497e+09."""
     exponent = math.log2(value) if value > 0 else 0.5
     return f"2^{exponent:g}" if exponent.is_integer() and value >= 2**17 else f"{value:g}"
-
-
-def duration(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds + 0.5), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def loss_scale_words(scale: dict[str, Any] | None) -> str:

@@ -8,6 +8,7 @@ tests/app/test_formatting.py runs both on one table of values.
 from __future__ import annotations
 
 from decimal import ROUND_HALF_UP, Context, Decimal
+from typing import Any
 
 _EXACT = Context(prec=1000, rounding=ROUND_HALF_UP)
 """Enough digits for any double, so rounding never loses one before it should."""
@@ -113,3 +114,19 @@ def speed_words(slowdown: float, low: float, high: float, difference: str) -> st
     if difference == "faster":
         return f"{ratio(1 / slowdown)} faster than float32 ({ratio_range(1 / high, 1 / low)})"
     return f"no measurable speed difference from float32 (step time {ratio_range(low, high)} float32's)"
+
+
+def num(value: Any) -> str:
+    """A step's value in 4 significant digits; null (a non-finite value in the API) says so."""
+    return "non-finite" if value is None else number(value)
+
+
+def scale_num(value: Any) -> str:
+    """Loss scales are powers of two; show them whole (32768, not 3.277e+04)."""
+    return "n/a" if value is None else f"{value:.10g}"
+
+
+def duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds + 0.5), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"

@@ -78,6 +78,12 @@ class Job(BaseModel):
     unless running."""
 
 
+class JobPage(BaseModel):
+    jobs: list[Job]
+    next_cursor: str | None
+    """Pass as `cursor` for the next (older) page; null on the last page."""
+
+
 class MetricsPage(BaseModel):
     job_id: str
     points: list[StepRecord]

@@ -1,7 +1,8 @@
-"""The CLI's progress view: a burst of records is drawn once it stops, and the phases after training are named.
+"""The progress view (CLI and client): a burst of records is drawn once it stops, and the phases after training named.
 
 Reported: `submit --watch` sat at 251/300 for seconds after step 300 had arrived (records in a burst
-were not drawn until the view closed), while the job measured its speed, unnamed.
+were not drawn until the view closed), while the job measured its speed, unnamed. In Jupyter the same view
+updates one output in place.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.cli.watch import ProgressView
+from mpjobs.progress import NotebookOut, ProgressView
 from tests.stack import wait_until
 
 TOTAL = 300
@@ -78,3 +79,28 @@ def test_while_the_job_trains_no_phase_is_shown(views: list[ProgressView]) -> No
     wait_until(lambda: "10/300" in out.getvalue(), 2, "the last step")
     time.sleep(1.5)  # past PHASE_AFTER_S: the view asked, and "training" is not worth saying
     assert "training…" not in out.getvalue() and "ETA" in out.getvalue()
+
+
+class Handle:
+    """An IPython DisplayHandle as the view uses it: each update replaces the output."""
+
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+
+    def update(self, data: dict[str, str], raw: bool) -> None:
+        assert raw
+        self.shown.append(data["text/plain"])
+
+
+def test_in_jupyter_one_output_shows_the_state_lines_and_the_bar_as_a_terminal_would(
+    views: list[ProgressView],
+) -> None:
+    handle = Handle()
+    views.append(view := ProgressView(NotebookOut(handle), TOTAL, interval=5.0))
+    view.state("running", "started")
+    burst(view, range(1, TOTAL + 1))
+    view.state("succeeded", f"finished {TOTAL} steps")
+    view.close()
+    bar = f"[{'#' * 24}] {TOTAL}/{TOTAL} 100%  loss 0.003333  scale 32768  grad norm 0.5  ETA 0:00"
+    assert handle.shown[-1] == f"state: running (started)\n{bar}\nstate: succeeded (finished {TOTAL} steps)"
+    assert all("\r" not in text and "\x1b" not in text for text in handle.shown)

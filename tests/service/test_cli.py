@@ -19,10 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
-from app.cli import Api, CliError, Exit, build_parser, comparison_report, main, summary_lines
+from app.cli import CliError, Exit, build_parser, comparison_report, main, summary_lines
 from app.cli.commands import cmd_compare
 from app.core.records import LayerNumerics, StepRecord
 from app.core.spec import ComparisonSpec
+from mpjobs import Client
 from tests.app.test_layer_checks import check
 from tests.app.test_missing_steps import finish, record
 from tests.service.test_layers_api import ended_job, running_job
@@ -426,18 +427,22 @@ def test_compare_help_lists_only_the_options_compare_takes(capsys: pytest.Captur
     assert "argument --loss-scale: invalid choice: 'none'" in capsys.readouterr().err
 
 
-def fake_api(posted: list[dict[str, Any]]) -> Api:
+def fake_api(posted: list[dict[str, Any]]) -> Client:
     """An API that validates the comparison as the server does and answers it queued, in-process."""
     def answer(request: httpx.Request) -> httpx.Response:
         posted.append(json.loads(request.content))
         spec = ComparisonSpec.model_validate(posted[-1])
-        variants = [{"label": v.label, "loss_scale": v.loss_scale and v.loss_scale.model_dump(mode="json"),
-                     "state": "queued", "progress": {"step": 0, "total_steps": 3}, "job_id": f"job{i}"}
+        variants = [{"label": v.label, "precision_policy": v.precision_policy.value, "baseline": v.label == "float32",
+                     "loss_scale": v.loss_scale and v.loss_scale.model_dump(mode="json"), "state": "queued",
+                     "progress": {"step": 0, "total_steps": 3}, "job_id": f"job{i}", "final_loss": None,
+                     "loss_gap": None, "examples_per_sec": None, "skipped_steps": None,
+                     "peak_zero_grad_fraction": None, "diagnoses": [], "error": None, "device": None}
                     for i, v in enumerate(spec.variants or [])]
-        return httpx.Response(201, json={"id": "c1", "name": spec.name, "state": "running", "variants": variants,
-                                         "verdict": "0 of 4 variants finished."})
+        return httpx.Response(201, json={"id": "c1", "name": spec.name, "created_at": "2026-01-01T00:00:00Z",
+                                         "state": "running", "spec": spec.model_dump(mode="json"),
+                                         "variants": variants, "verdict": "0 of 4 variants finished."})
 
-    return Api("http://mpjobs.test", transport=httpx.MockTransport(answer))
+    return Client("http://mpjobs.test", transport=httpx.MockTransport(answer))
 
 
 @pytest.mark.parametrize(("spec", "variants", "warning"), [

@@ -1,0 +1,35 @@
+"""`mpjobs`: the Python client of the mpjobs API, for scripts and notebooks (docs/client.md).
+
+    >>> from mpjobs import Client
+    >>> client = Client()                                     # doctest: +SKIP
+    >>> job = client.submit(model, policy="mixed_float16")    # doctest: +SKIP
+    >>> frame = job.wait().to_pandas()                        # doctest: +SKIP
+
+It speaks HTTP (httpx) with the API's own schemas (app/core/) and imports neither TensorFlow nor Keras:
+a Keras model passed to `submit` is sent as its `to_json()`. pandas is needed only by `to_pandas()`.
+"""
+
+from __future__ import annotations
+
+from mpjobs.client import Client
+from mpjobs.comparison import Comparison
+from mpjobs.errors import (
+    ApiError,
+    BadResponse,
+    ClientError,
+    Conflict,
+    InvalidSpec,
+    MpjobsError,
+    NotFound,
+    ServerError,
+    Timeout,
+    Unauthorized,
+    Unavailable,
+    Unreachable,
+    WaitTimeout,
+)
+from mpjobs.job import Job
+
+__all__ = ["ApiError", "BadResponse", "Client", "ClientError", "Comparison", "Conflict", "InvalidSpec", "Job",
+           "MpjobsError", "NotFound", "ServerError", "Timeout", "Unauthorized", "Unavailable", "Unreachable",
+           "WaitTimeout"]

@@ -86,6 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(metrics.router)
+    app.include_router(metrics.export_router)
     app.include_router(layers.router)
     app.include_router(comparisons.router)
     app.include_router(prometheus.router)

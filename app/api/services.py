@@ -13,10 +13,11 @@ from app.api.memory import MemoryGauge
 from app.api.resources import Comparison, ComparisonPage, Health, JobPage
 from app.core.config import MODEL_ARTIFACT, Settings
 from app.core.errors import ArtifactNotFound, ComparisonNotFound, JobAlreadyEnded, JobNotFound
-from app.core.job import Job, JobState, LayersPage, MetricsPage
+from app.core.job import Job, JobState, LayersPage
 from app.core.spec import ComparisonSpec, JobSpec
 from app.store import VIEW_TTL_S, ComparisonRecord, IdempotencyKey, JobStore
 from app.store import queue as queues
+from app.store.pages import RawPage
 
 MAX_PAGE = 10_000
 """Most step records one metrics page returns, and most layer checks one layers page returns."""
@@ -140,14 +141,14 @@ def _cancel_running(store: JobStore, job: Job) -> JobState | None:
                "message": f"Canceled at step {attempt.step}; its worker ({worker}) {why}, presumed dead."})
 
 
-def metrics(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> MetricsPage:
+def metrics(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> RawPage:
+    """A page of step records as stored (`RawPage.json` is the MetricsPage's JSON)."""
     job = get(store, job_id, tenant)
-    page = store.read_metrics(job_id, after, min(limit, MAX_PAGE))
-    if job.state.terminal and job.summary is not None and page.next_after is None:
+    page = store.read_metrics_raw(job_id, after, min(limit, MAX_PAGE))
+    if job.state.terminal and job.summary is not None and not page.more:
         # An ended job's last page: steps it trained but Redis lost after the last stored one.
-        last = page.points[-1].step if page.points else after
-        if job.summary.steps_done > last:
-            page.missing_steps.append((last + 1, job.summary.steps_done))
+        if job.summary.steps_done > page.last_step:
+            page.missing_steps.append((page.last_step + 1, job.summary.steps_done))
     return page
 
 

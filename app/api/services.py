@@ -43,11 +43,11 @@ def get(store: JobStore, job_id: str, tenant: str, workers: LiveWorkers | None =
     if job is None:
         raise JobNotFound(job_id)
     if workers is not None and job.state is JobState.QUEUED and not workers.count(job.queue):
-        return job.model_copy(update={"waiting_reason": _waiting_reason(job.queue)})
+        return job.model_copy(update={"waiting_reason": waiting_reason(job.queue)})
     return job
 
 
-def _waiting_reason(queue: str) -> str:
+def waiting_reason(queue: str) -> str:
     """Why a job on `queue` waits when no live worker listens there, and what would take it."""
     devices = queues.devices_of(queue)
     kind = queue.partition("-x")[0]
@@ -68,6 +68,11 @@ class LiveWorkers:
     def __init__(self, rq_redis: Redis) -> None:
         self.rq_redis = rq_redis
         self._counts: dict[str, tuple[float, int]] = {}
+
+    def recent(self, queue: str) -> int | None:
+        """The count of `queue` made in the last TTL_S, or None."""
+        counted = self._counts.get(queue)
+        return counted[1] if counted is not None and time.monotonic() - counted[0] < self.TTL_S else None
 
     def count(self, queue: str) -> int:
         """Workers registered on `queue` whose RQ key has not expired. A killed worker stays in RQ's

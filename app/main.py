@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.auth import parse_api_keys
+from app.api.job_views import JobViews
 from app.api.limits import BodySizeLimit
 from app.api.memory import MemoryGauge
 from app.api.routes import comparisons, dashboard, health, jobs, layers, metrics, prometheus
@@ -70,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                                         socket_connect_timeout=2)
         app.state.store = JobStore(app.state.redis, settings.artifacts_dir)
         app.state.live_workers = LiveWorkers(app.state.rq_redis)
+        app.state.job_views = JobViews(app.state.aredis, app.state.store, app.state.live_workers)
         app.state.memory = MemoryGauge(app.state.redis, settings.redis_memory_high_water)
         # Everything imported and built so far lives as long as the process: keep it out of
         # the collector's generations, so a full collection does not walk it mid-request.
@@ -86,6 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(metrics.router)
+    app.include_router(metrics.export_router)
     app.include_router(layers.router)
     app.include_router(comparisons.router)
     app.include_router(prometheus.router)

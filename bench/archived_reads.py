@@ -35,7 +35,8 @@ from app.store import JobStore
 from app.store.archive import ArchivedHistory
 from app.store.keys import view_fresh_key, view_key
 from app.store.retention import Archiver
-from bench.api_throughput import BUCKETS_P99_GOAL_MS, MAX_POINTS, PAGE, finished_job, redis_server, serve
+from bench.api_throughput import BUCKETS_P99_GOAL_MS, MAX_POINTS, PAGE, finished_job
+from bench.loadgen import redis_server, serve
 from bench.report import Row, cli, median, percentile
 
 BENCH = "archived reads"

@@ -1,9 +1,10 @@
-"""The API-throughput baseline: a bare FastAPI app whose one route does one Redis GET.
+"""The API-throughput baselines: a bare FastAPI app whose routes do one Redis GET, and the metrics page as
+the API served it before.
 
-Like for like with `app.main:app`: the same redis-py client options, created in
-a lifespan and held on `app.state`, and a sync route, so a request takes the
-same path through Starlette's threadpool as `GET /jobs/{id}`. `/aget` is the
-async variant (redis.asyncio, no threadpool), reported beside it for scale.
+Like for like with `app.main:app`: the same redis-py client options, created in a lifespan and held on
+`app.state`, and the same uvicorn options. `/aget` does its GET on redis.asyncio with no threadpool hop:
+the real limit of FastAPI + Redis, and the baseline of `GET /jobs/{id}`. `/get` is its sync twin, through
+Starlette's threadpool. `/page/{id}` is the validated metrics page, the baseline of today's pages.
 
     REDIS_URL=redis://127.0.0.1:6379/0 uvicorn bench.baseline_app:app --log-level warning --no-access-log
 """
@@ -13,10 +14,14 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import redis
 import redis.asyncio
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
+
+from app.core.job import MetricsPage
+from app.store import JobStore
 
 KEY = "bench:baseline"
 """The key `/get` reads; the bench sets it before loading."""
@@ -27,6 +32,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     url = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
     app.state.redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5, socket_connect_timeout=2)
     app.state.aredis = redis.asyncio.Redis.from_url(url, decode_responses=True, socket_connect_timeout=2)
+    app.state.store = JobStore(app.state.redis, Path(os.environ["ARTIFACTS_DIR"]))
     yield
     app.state.redis.close()
     await app.state.aredis.aclose()
@@ -38,6 +44,16 @@ app = FastAPI(lifespan=lifespan)
 @app.get("/get")
 def get(request: Request) -> dict[str, str | None]:
     return {"value": request.app.state.redis.get(KEY)}
+
+
+@app.get("/page/{job_id}", response_model=MetricsPage)
+def page(request: Request, job_id: str, after: int = 0, limit: int = 1000) -> MetricsPage:
+    """A metrics page as the API served it before pages were assembled from the stored records: the job
+    read and built, each record parsed and validated, the page dumped by the response model, in a thread."""
+    store: JobStore = request.app.state.store
+    if store.get(job_id) is None:
+        raise HTTPException(404, f"No job with id {job_id!r}.")
+    return store.read_metrics(job_id, after, limit)
 
 
 @app.get("/aget")

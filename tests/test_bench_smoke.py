@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from bench import api_throughput, scaling
+from bench import api_throughput, loadgen, scaling
 
 WRK_OK = """\
 Running 1s test @ http://127.0.0.1:18765/
@@ -45,32 +45,41 @@ Transfer/sec:    585.03KB
 
 
 def test_parse_wrk_reads_rate_percentiles_and_errors() -> None:
-    ok = api_throughput.parse_wrk(WRK_OK)
+    ok = loadgen.parse_wrk(WRK_OK)
     assert (ok.requests_per_s, ok.p50_ms, ok.p99_ms, ok.requests, ok.errors) == (920.19, 0.817, 1260.0, 929, 0)
-    bad = api_throughput.parse_wrk(WRK_ERRORS)
+    bad = loadgen.parse_wrk(WRK_ERRORS)
     assert (bad.requests_per_s, bad.p99_ms, bad.requests, bad.errors) == (1152.06, 16.53, 1198, 1198 + 5)
     with pytest.raises(ValueError, match="Expected wrk --latency output"):
-        api_throughput.parse_wrk("unable to connect to 127.0.0.1:1 Connection refused")
+        loadgen.parse_wrk("unable to connect to 127.0.0.1:1 Connection refused")
 
 
 def test_api_throughput_quick() -> None:
-    assert shutil.which("wrk"), f"the benchmark needs wrk: {api_throughput.WRK_INSTALL}"
+    assert shutil.which("wrk"), f"the benchmark needs wrk: {loadgen.WRK_INSTALL}"
     rows = api_throughput.run(quick=True)
     cases = {row.case for row in rows}
-    for endpoint in ["GET /jobs/{id}, succeeded", "GET /jobs/{id}, queued, no worker",
-                     "GET /jobs/{id}/metrics?limit=1000, 10k-step job",
+    pages = [f"GET /jobs/{{id}}/metrics?limit=1000, 10k-step job {where}" for where in ("in Redis", "archived")]
+    for endpoint in ["GET /jobs/{id}, succeeded", "GET /jobs/{id}, queued, no worker", *pages,
                      "GET /jobs/{id}/metrics?max_points=500, 10k-step job running "
                      "(recomputed at most once a second)",
                      "GET /jobs/{id}/metrics?max_points=500, 10k-step job ended (cached)",
-                     "async variant of the baseline (redis.asyncio)"]:
+                     "sync variant of the baseline (threadpool)"]:
         assert {f"{endpoint}: req/s", f"{endpoint}: p99", f"{endpoint}: server CPU/request"} <= cases
     for kind in ("running (recomputed at most once a second)", "ended (cached)"):
         assert f"GET /jobs/{{id}}/metrics?max_points=500, 10k-step job {kind}, 1 connection: p99" in cases
     for row in rows:
         assert row.value > 0, row
         assert row.baseline_value is None or (row.baseline_value > 0 and row.ratio is not None and row.ratio > 0), row
-    ratio_rows = [row for row in rows if row.goal.startswith(">=")]
-    assert len(ratio_rows) == 2 and all(row.met is not None for row in ratio_rows)
+    by_case = {row.case: row for row in rows}
+    for endpoint in ("GET /jobs/{id}, succeeded", "GET /jobs/{id}, queued, no worker"):
+        row = by_case[f"{endpoint}: req/s"]
+        assert row.baseline.endswith("(redis.asyncio)") and row.goal == ">= 0.70x" and row.met is not None
+    for endpoint in pages:
+        speed, cpu = by_case[f"{endpoint}: req/s"], by_case[f"{endpoint}: server CPU/request"]
+        assert speed.baseline.startswith("the page validated") and speed.goal == ">= 5.00x", speed
+        assert cpu.goal == "<= 2,500 µs" and cpu.met == (cpu.value <= 2500)
+    for where in ("in Redis", "archived"):
+        export = by_case[f"CSV export of 10,000 steps, {where}: GET /jobs/{{id}}/metrics.csv"]
+        assert export.unit == "s" and export.baseline_value and export.baseline_value > 0
 
 
 def test_scaling_quick() -> None:

@@ -13,10 +13,11 @@ from app.api.memory import MemoryGauge
 from app.api.resources import Comparison, ComparisonPage, Health, JobPage
 from app.core.config import MODEL_ARTIFACT, Settings
 from app.core.errors import ArtifactNotFound, ComparisonNotFound, JobAlreadyEnded, JobNotFound
-from app.core.job import Job, JobState, LayersPage, MetricsPage
+from app.core.job import Job, JobState, LayersPage
 from app.core.spec import ComparisonSpec, JobSpec
 from app.store import VIEW_TTL_S, ComparisonRecord, IdempotencyKey, JobStore
 from app.store import queue as queues
+from app.store.pages import RawPage
 
 MAX_PAGE = 10_000
 """Most step records one metrics page returns, and most layer checks one layers page returns."""
@@ -42,11 +43,11 @@ def get(store: JobStore, job_id: str, tenant: str, workers: LiveWorkers | None =
     if job is None:
         raise JobNotFound(job_id)
     if workers is not None and job.state is JobState.QUEUED and not workers.count(job.queue):
-        return job.model_copy(update={"waiting_reason": _waiting_reason(job.queue)})
+        return job.model_copy(update={"waiting_reason": waiting_reason(job.queue)})
     return job
 
 
-def _waiting_reason(queue: str) -> str:
+def waiting_reason(queue: str) -> str:
     """Why a job on `queue` waits when no live worker listens there, and what would take it."""
     devices = queues.devices_of(queue)
     kind = queue.partition("-x")[0]
@@ -67,6 +68,11 @@ class LiveWorkers:
     def __init__(self, rq_redis: Redis) -> None:
         self.rq_redis = rq_redis
         self._counts: dict[str, tuple[float, int]] = {}
+
+    def recent(self, queue: str) -> int | None:
+        """The count of `queue` made in the last TTL_S, or None."""
+        counted = self._counts.get(queue)
+        return counted[1] if counted is not None and time.monotonic() - counted[0] < self.TTL_S else None
 
     def count(self, queue: str) -> int:
         """Workers registered on `queue` whose RQ key has not expired. A killed worker stays in RQ's
@@ -140,14 +146,14 @@ def _cancel_running(store: JobStore, job: Job) -> JobState | None:
                "message": f"Canceled at step {attempt.step}; its worker ({worker}) {why}, presumed dead."})
 
 
-def metrics(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> MetricsPage:
+def metrics(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> RawPage:
+    """A page of step records as stored (`RawPage.json` is the MetricsPage's JSON)."""
     job = get(store, job_id, tenant)
-    page = store.read_metrics(job_id, after, min(limit, MAX_PAGE))
-    if job.state.terminal and job.summary is not None and page.next_after is None:
+    page = store.read_metrics_raw(job_id, after, min(limit, MAX_PAGE))
+    if job.state.terminal and job.summary is not None and not page.more:
         # An ended job's last page: steps it trained but Redis lost after the last stored one.
-        last = page.points[-1].step if page.points else after
-        if job.summary.steps_done > last:
-            page.missing_steps.append((last + 1, job.summary.steps_done))
+        if job.summary.steps_done > page.last_step:
+            page.missing_steps.append((page.last_step + 1, job.summary.steps_done))
     return page
 
 

@@ -4,7 +4,9 @@ An ended job's history moves out of Redis into `<ARTIFACTS_DIR>/<job id>/history
 decides when). Three files, each compressed with zstd:
 
     metrics.parquet  one row per step: a typed column per StepRecord field (int64, float64, bool; null where
-                     the record has None), so every value reads back exactly as it was stored
+                     the record has None), so every value reads back exactly as it was stored; and (format
+                     version 2) `record`, the record's JSON as the stream held it, which pages and streams
+                     serve as it is (app/store/pages.py)
     rollups.parquet  one row per stored rollup: its index, steps, skips and each series' n/total/lo/hi
     layers.parquet   one row per layer check: its step and the LayerCheck JSON as it was stored
 
@@ -35,8 +37,10 @@ from app.store.rollup import SERIES
 
 HISTORY_DIR = "history"
 """The archive's folder inside the job's folder."""
-FORMAT_VERSION = 1
-"""Bumped when the files change shape; a reader refuses a version newer than its own."""
+FORMAT_VERSION = 2
+"""Bumped when the files change shape; a reader refuses a version newer than its own. Version 1 had no
+`record` column: its pages are dumped from the typed columns instead, to the same bytes."""
+RECORD_COLUMN = "record"
 METRICS_FILE, ROLLUPS_FILE, LAYERS_FILE = "metrics.parquet", "rollups.parquet", "layers.parquet"
 COMPRESSION = "zstd"
 CACHED_HISTORIES = 4
@@ -74,7 +78,8 @@ def _arrow_type(name: str, annotation: Any) -> tuple[pa.DataType, bool]:
 
 
 STEP_SCHEMA = pa.schema([pa.field(name, *_arrow_type(name, field.annotation))
-                         for name, field in StepRecord.model_fields.items()])
+                         for name, field in StepRecord.model_fields.items()]
+                        + [pa.field(RECORD_COLUMN, pa.string(), nullable=False)])
 ROLLUP_COUNTS = ("first_step", "last_step", "steps", "skipped")
 SERIES_PARTS = {"n": pa.int64(), "total": pa.float64(), "lo": pa.float64(), "hi": pa.float64()}
 """A rollup's figures per series (`Rollup.to_json`); lo and hi are null when n is 0."""
@@ -90,12 +95,12 @@ _STEP_RECORDS = TypeAdapter(list[StepRecord])
 # -- writing --------------------------------------------------------------------------------------
 
 
-def write_history(folder: Path, steps: Sequence[dict[str, Any]], rollups: Sequence[tuple[int, dict[str, Any]]],
-                  layers: Sequence[tuple[int, str]]) -> None:
+def write_history(folder: Path, steps: Sequence[dict[str, Any]], step_json: Sequence[str],
+                  rollups: Sequence[tuple[int, dict[str, Any]]], layers: Sequence[tuple[int, str]]) -> None:
     """Write the three files into `folder`, each whole or not at all, then make the folder durable.
 
-    `steps` are StepRecords as dicts, in step order; `rollups` (index, `Rollup.to_json()` form); `layers`
-    (step, LayerCheck JSON as stored).
+    `steps` are StepRecords as dicts, in step order, and `step_json` each one's JSON as stored; `rollups`
+    (index, `Rollup.to_json()` form); `layers` (step, LayerCheck JSON as stored).
     """
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob(".*.tmp"):  # left by a writer that died mid-file
@@ -103,7 +108,9 @@ def write_history(folder: Path, steps: Sequence[dict[str, Any]], rollups: Sequen
     rollup_rows = [{"index": index, **{name: rollup[name] for name in ROLLUP_COUNTS},
                     **{f"{s}_{part}": rollup["series"][s][part] for s in SERIES for part in SERIES_PARTS}}
                    for index, rollup in rollups]
-    tables = {METRICS_FILE: pa.Table.from_pylist(list(steps), schema=STEP_SCHEMA),
+    metrics = pa.Table.from_pylist(list(steps), schema=STEP_SCHEMA.remove(STEP_SCHEMA.get_field_index(RECORD_COLUMN)))
+    metrics = metrics.append_column(STEP_SCHEMA.field(RECORD_COLUMN), pa.array(step_json, pa.string()))
+    tables = {METRICS_FILE: metrics,
               ROLLUPS_FILE: pa.Table.from_pylist(rollup_rows, schema=ROLLUP_SCHEMA),
               LAYERS_FILE: pa.Table.from_pylist([{"step": step, "check": check} for step, check in layers],
                                                 schema=LAYERS_SCHEMA)}
@@ -161,8 +168,8 @@ class ArchivedHistory:
         A field that a file of an older StepRecord lacks is left out (the record's default applies)."""
         start = bisect.bisect_right(self.steps, after_step)
         table = self.metrics.slice(start, limit)
-        if fields is not None:
-            table = table.select([name for name in fields if name in table.column_names])
+        table = table.select([name for name in (StepRecord.model_fields if fields is None else fields)
+                              if name in table.column_names])
         rows: list[dict[str, Any]] = table.to_pylist()
         return rows
 
@@ -171,7 +178,12 @@ class ArchivedHistory:
 
     def step_jsons(self, after_step: int, limit: int | None = None) -> list[tuple[int, str]]:
         """(step, StepRecord JSON) after `after_step`: the JSON the metrics stream held, byte for byte."""
-        return [(record.step, record.model_dump_json()) for record in self.step_records(after_step, limit)]
+        if RECORD_COLUMN not in self.metrics.column_names:  # format version 1: dumped again, to the same JSON
+            return [(record.step, record.model_dump_json()) for record in self.step_records(after_step, limit)]
+        start = bisect.bisect_right(self.steps, after_step)
+        stop = len(self.steps) if limit is None else min(len(self.steps), start + limit)
+        return list(zip(self.steps[start:stop], self.metrics.column(RECORD_COLUMN).slice(start, stop - start)
+                        .to_pylist(), strict=True))
 
     def rollups(self) -> list[dict[str, Any]]:
         """The stored rollups in `Rollup.to_json()` form, as the rollup stream held them."""

@@ -15,6 +15,7 @@ from app.core.job import LayersPage, MetricsBuckets, MetricsPage
 from app.core.records import LayerCheck
 from app.store.archive import FORMAT_VERSION, ArchivedHistory, ArchiveInfo, HistoryCache
 from app.store.keys import ARCHIVED_FIELD, job_key
+from app.store.pages import RawPage, raw_page
 from app.store.rollup import SERIES, raw_buckets, rollup_buckets
 from app.store.streams import RAW_BUCKET_LIMIT, MetricStreams, metrics_page
 
@@ -55,6 +56,11 @@ class MetricHistory(MetricStreams):
             return page
         points = history.step_records(after_step, limit + 1)
         return metrics_page(job_id, after_step, points[:limit], len(points) > limit)
+
+    def read_metrics_raw(self, job_id: str, after_step: int, limit: int) -> RawPage:
+        page = super().read_metrics_raw(job_id, after_step, limit)
+        history = self.archived_history(job_id)
+        return page if history is None else raw_page(after_step, history.step_jsons(after_step, limit + 1), limit)
 
     def read_layers(self, job_id: str, after_step: int, limit: int) -> LayersPage:
         page = super().read_layers(job_id, after_step, limit)

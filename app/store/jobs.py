@@ -85,7 +85,7 @@ class JobRecords(Idempotency):
                 pipe.hgetall(job_key(job_id))
                 pipe.xrange(events_key(job_id))
             results = pipe.execute()
-        return [self._job(raw, ev) if raw else None for raw, ev in zip(results[::2], results[1::2], strict=True)]
+        return [self.job_from(raw, ev) if raw else None for raw, ev in zip(results[::2], results[1::2], strict=True)]
 
     def exists(self, job_id: str) -> bool:
         return bool(self.redis.exists(job_key(job_id)))
@@ -98,9 +98,10 @@ class JobRecords(Idempotency):
             raw, events = pipe.execute()
         if not raw or (tenant is not None and raw.get("tenant") != tenant):
             return None
-        return self._job(raw, events)
+        return self.job_from(raw, events)
 
-    def _job(self, raw: dict[str, str], events: list[tuple[str, dict[str, str]]]) -> Job:
+    def job_from(self, raw: dict[str, str], events: list[tuple[str, dict[str, str]]]) -> Job:
+        """The job from its record (HGETALL) and its transitions (XRANGE of its events)."""
         spec = JobSpec.model_validate_json(raw["spec"])
         return Job(
             id=raw["id"], name=json.loads(raw["name"]), state=JobState(raw["state"]), queue=raw["queue"],
@@ -128,7 +129,7 @@ class JobRecords(Idempotency):
                 pipe.hgetall(job_key(job_id))
                 pipe.xrange(events_key(job_id))
             results = pipe.execute()
-        jobs = [self._job(raw, ev) for raw, ev in zip(results[::2], results[1::2], strict=True) if raw]
+        jobs = [self.job_from(raw, ev) for raw, ev in zip(results[::2], results[1::2], strict=True) if raw]
         return jobs, (int(page[-1][1]) if more and page else None)
 
     def transition(self, job_id: str, to: JobState, allowed_from: Iterable[JobState], message: str,

@@ -152,7 +152,8 @@ class Archiver:
                 pipe.execute()
                 return "no history"
             started = time.monotonic()
-            steps = _parse([f[STEP_FIELD] for _, f in _read_all(pipe, streams[0])])
+            step_json = [f[STEP_FIELD] for _, f in _read_all(pipe, streams[0])]
+            steps = _parse(step_json)
             stored = _read_all(pipe, streams[1])
             rollups = list(zip([number_of(i) for i, _ in stored], _parse([f[ROLLUP_FIELD] for _, f in stored]),
                                strict=True))
@@ -160,7 +161,7 @@ class Archiver:
             info = ArchiveInfo(dir=history_dir(job_id), steps=len(steps), rollups=len(rollups),
                                layer_checks=len(layers), archived_at=clock.iso())
             folder = self.artifacts_dir / info.dir
-            write_history(folder, steps, rollups, layers)
+            write_history(folder, steps, step_json, rollups, layers)
             if self.before_trim is not None:
                 self.before_trim(job_id)
             pipe.multi()

@@ -20,6 +20,7 @@ from app.store.archive import (
     CACHED_HISTORIES,
     LAYERS_FILE,
     METRICS_FILE,
+    RECORD_COLUMN,
     ROLLUPS_FILE,
     ArchiveInfo,
     HistoryCache,
@@ -87,8 +88,10 @@ def test_the_files_hold_a_typed_column_per_field_with_every_value_exact(store: J
     metrics = pq.read_table(folder / METRICS_FILE)
     types = dict(zip(metrics.schema.names, metrics.schema.types, strict=True))
     assert types["step"] == pa.int64() and types["skipped"] == pa.bool_() and types["loss"] == pa.float64()
-    assert list(types) == list(StepRecord.model_fields)
-    assert metrics.to_pylist() == [r.model_dump() for r in written]  # floats compared exactly, -0.0 and 5e-324 too
+    assert list(types) == [*StepRecord.model_fields, RECORD_COLUMN] and types[RECORD_COLUMN] == pa.string()
+    typed = metrics.drop_columns([RECORD_COLUMN])
+    assert typed.to_pylist() == [r.model_dump() for r in written]  # floats compared exactly, -0.0 and 5e-324 too
+    assert metrics.column(RECORD_COLUMN).to_pylist() == [r.model_dump_json() for r in written], "the stored JSON"
     assert [str(r.loss) for r in written].count("-0.0") == [str(v) for v in metrics.column("loss").to_pylist()].count(
         "-0.0")
     layers = pq.read_table(folder / LAYERS_FILE).to_pylist()
@@ -201,7 +204,7 @@ def test_the_record_describes_its_archive(store: JobStore) -> None:
     job_id, _, _ = ended_job(store, 130, check_every=13)
     Archiver(store, retention_s=0).archive(job_id)
     info = ArchiveInfo.model_validate_json(store.redis.hget(job_key(job_id), "archived") or "")
-    assert (info.format, info.version, info.steps, info.rollups, info.layer_checks) == ("parquet", 1, 130, 2, 10)
+    assert (info.format, info.version, info.steps, info.rollups, info.layer_checks) == ("parquet", 2, 130, 2, 10)
 
 
 def test_a_job_without_history_leaves_ended_and_no_files(store: JobStore) -> None:
@@ -229,11 +232,12 @@ def test_jobs_that_ended_before_the_index_existed_are_indexed_by_the_first_sweep
 def test_the_api_keeps_a_few_archives_parsed_and_reopens_one_rewritten(tmp_path: Path) -> None:
     folders = [tmp_path / f"job{i}" for i in range(CACHED_HISTORIES + 1)]
     for folder in folders:
-        write_history(folder, [r.model_dump() for r in records(3)], [], [])
+        write_history(folder, [r.model_dump() for r in records(3)], [r.model_dump_json() for r in records(3)], [], [])
     cache = HistoryCache()
     first = cache.open(folders[0])
     assert cache.open(folders[0]) is first, "a second read finds it parsed"
-    write_history(folders[0], [r.model_dump() for r in records(5)], [], [])  # a retry rewrote it
+    write_history(folders[0], [r.model_dump() for r in records(5)], [r.model_dump_json() for r in records(5)], [],
+                  [])  # a retry rewrote it
     again = cache.open(folders[0])
     assert again is not first and again.last_step == 5
     for folder in folders[1:]:

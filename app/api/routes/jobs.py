@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Header, Query, Response, status
+from fastapi import APIRouter, Body, Header, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
 from app.api import services
 from app.api.admission import admit
-from app.api.deps import MemoryDep, RQRedisDep, SettingsDep, StoreDep, TenantDep, WorkersDep
+from app.api.deps import MemoryDep, RQRedisDep, SettingsDep, StoreDep, TenantDep
 from app.api.examples import SPEC_EXAMPLES
 from app.api.params import Cursor, JobIdDep, JobPageLimit
 from app.api.purge import purge_job
@@ -54,8 +54,10 @@ async def list_jobs(
 
 
 @router.get("/{job_id}", response_model=Job)
-async def get_job(job_id: JobIdDep, store: StoreDep, tenant: TenantDep, workers: WorkersDep) -> Job:
-    return await run_in_threadpool(services.get, store, job_id, tenant, workers)
+async def get_job(job_id: JobIdDep, request: Request, tenant: TenantDep) -> Response:
+    """The job: its state, progress, transitions, summary and diagnoses. Read on the async Redis client, with
+    no threadpool hop (app/api/job_views.py)."""
+    return Response(await request.app.state.job_views.json(job_id, tenant), media_type="application/json")
 
 
 @router.delete("/{job_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Job, responses={

@@ -15,8 +15,10 @@ from app.api.params import AfterStep, JobIdDep, LastEventId, PageLimit, ResumeAf
 from app.api.resources import JOB_ERROR_RESPONSES
 from app.api.sse import stream_job
 from app.core.job import MetricsBuckets, MetricsPage
+from app.store.export import csv_chunks
 
 router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"], responses=JOB_ERROR_RESPONSES)
+export_router = APIRouter(prefix="/jobs/{job_id}", tags=["metrics"], responses=JOB_ERROR_RESPONSES)
 MAX_POINTS = 10_000
 """The most buckets a `max_points` view has."""
 
@@ -35,7 +37,19 @@ async def read_metrics(
     if max_points is not None:
         body = await run_in_threadpool(services.buckets_json, store, job_id, tenant, max_points)
         return Response(body, media_type="application/json")  # already a MetricsBuckets, as JSON
-    return await run_in_threadpool(services.metrics, store, job_id, tenant, after, limit)
+    page = await run_in_threadpool(services.metrics, store, job_id, tenant, after, limit)
+    return Response(page.json(job_id), media_type="application/json")  # a MetricsPage, from the stored records
+
+
+@export_router.get("/metrics.csv", response_class=StreamingResponse,
+                   responses={200: {"content": {"text/csv": {}}, "description": "A header row, then a row per step"}})
+async def export_metrics(job_id: JobIdDep, store: StoreDep, tenant: TenantDep) -> StreamingResponse:
+    """Every stored step record as CSV, in one streamed response: a header row of the record's fields, then
+    a row per step in step order (null is an empty cell, booleans true/false). A running job's export holds
+    the steps stored when each chunk was read."""
+    await run_in_threadpool(services.get, store, job_id, tenant)
+    return StreamingResponse(csv_chunks(store, job_id), media_type="text/csv; charset=utf-8",
+                             headers={"Content-Disposition": f'attachment; filename="{job_id}-metrics.csv"'})
 
 
 @router.get("/stream", response_class=StreamingResponse)

@@ -1,0 +1,61 @@
+"""`GET /jobs/{id}/metrics.csv` against the real API: the streamed export is, byte for byte, the CSV written
+from every page of `GET /jobs/{id}/metrics` with the standard library, from Redis and from the archive; a
+missing job or another tenant's is a 404 with no CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+import httpx
+
+from app.api.auth import OPEN_TENANT
+from app.core.records import StepRecord
+from app.store import JobStore
+from app.store.retention import Archiver
+from tests.app.history import ended_job
+from tests.stack import Stack
+
+
+def paged_csv(client: httpx.Client, job_id: str) -> str:
+    """What a client paging through the JSON writes: csv.DictWriter, null empty, booleans true/false."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, list(StepRecord.model_fields), lineterminator="\n")
+    writer.writeheader()
+    after: int | None = 0
+    while after is not None:
+        page = client.get(f"/jobs/{job_id}/metrics", params={"after": after, "limit": 777}).json()
+        for point in page["points"]:
+            writer.writerow({k: "" if v is None else str(v).lower() if isinstance(v, bool) else v
+                             for k, v in point.items()})
+        after = page["next_after"]
+    return out.getvalue()
+
+
+def exported(client: httpx.Client, job_id: str) -> tuple[httpx.Response, str]:
+    with client.stream("GET", f"/jobs/{job_id}/metrics.csv") as response:
+        return response, "".join(response.iter_text())
+
+
+def test_the_streamed_csv_is_the_paged_csv_from_redis_and_from_the_archive(stack: Stack, client: httpx.Client
+                                                                           ) -> None:
+    store = JobStore(stack.redis.client(), stack.artifacts)
+    job_id, written, _ = ended_job(store, 12_000, skip=frozenset({3, 4, 6000}), tenant=OPEN_TENANT)
+    response, body = exported(client, job_id)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/csv")
+    assert body == paged_csv(client, job_id)
+    rows = list(csv.DictReader(io.StringIO(body)))
+    assert [int(row["step"]) for row in rows] == [r.step for r in written], "every stored step once, in order"
+    assert [row["loss"] for row in rows] == ["" if r.loss is None else repr(r.loss) for r in written]
+    assert [row["skipped"] for row in rows] == [str(r.skipped).lower() for r in written]
+
+    assert Archiver(store, retention_s=0).archive(job_id) == "archived"
+    assert exported(client, job_id)[1] == body, "the archive exports the same bytes"
+
+
+def test_no_csv_for_a_missing_job_or_another_tenants(stack: Stack, client: httpx.Client) -> None:
+    store = JobStore(stack.redis.client(), stack.artifacts)
+    other, _, _ = ended_job(store, 5, tenant="someone-else")
+    for job_id in ("nope", other):
+        response, body = exported(client, job_id)
+        assert response.status_code == 404 and response.headers["content-type"] == "application/json", body
+        assert httpx.Response(404, content=body).json() == {"detail": f"No job with id {job_id!r}."}

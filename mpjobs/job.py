@@ -6,10 +6,12 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from app.core.job import Job as JobResource
 from app.core.job import JobError, JobState, LayersPage, MetricsBuckets, MetricsPage
 from app.core.records import Diagnosis, StepRecord, Summary
-from mpjobs.errors import Conflict, WaitTimeout
+from mpjobs.errors import Conflict, WaitTimeout, mapped, raise_for
 from mpjobs.frames import pandas, step_frame
 from mpjobs.progress import progress_view
 from mpjobs.stream import follow
@@ -131,6 +133,18 @@ class Job:
             assert isinstance(page, MetricsPage)
             yield page
             next_after = page.next_after
+
+    def csv(self) -> Iterator[str]:
+        """The whole stored history as CSV text, streamed in one response (`GET /jobs/{id}/metrics.csv`): a
+        header row of the step record's fields, then a row per step in step order; null is an empty cell."""
+        try:
+            with self.client.http.stream("GET", f"/jobs/{self.id}/metrics.csv") as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise_for(response)
+                yield from response.iter_text()
+        except httpx.HTTPError as exc:
+            raise mapped(exc, self.client.url, self.client.timeout) from exc
 
     def layer_checks(self, after: int = 0, limit: int = 100) -> LayersPage:
         """One page of layer checks (every layer's gradient and activation numerics at a step) after step `after`."""

@@ -9,7 +9,7 @@ import itertools
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, TextIO, TypeVar
 
 from app.cli.errors import CliError, Exit, exit_for
@@ -17,7 +17,7 @@ from app.cli.spec import build_spec, file_spec
 from app.cli.watch import POLL_INTERVAL_S, watch, watch_comparison
 from app.cli.words import comparison_report, layers_report, spec_words, summary_lines, table
 from app.core.job import JobState, MetricsPage
-from app.core.records import LayerNumerics, StepRecord
+from app.core.records import LayerNumerics
 from mpjobs import Client
 
 LAYERS_PAGE_LIMIT = 100
@@ -103,21 +103,41 @@ def _started(items: Iterator[T]) -> Iterator[T]:
 
 
 def cmd_metrics(client: Client, args: argparse.Namespace) -> int:
+    if args.csv:
+        return _metrics_csv(client, args)
     pages = _started(metric_pages(client, args.job_id))
-    fields = list(StepRecord.model_fields)
     with _output(args) as out:
-        writer = csv.DictWriter(out, fields, extrasaction="ignore", lineterminator="\n")
-        if args.csv:
-            writer.writeheader()
         for page in pages:
-            for first_missing, last_missing in page.missing_steps:
-                print(f"warning: steps {first_missing}-{last_missing} are missing (lost on the server)",
-                      file=sys.stderr)
-            for point in (p.model_dump(mode="json") for p in page.points):
-                if args.csv:
-                    writer.writerow({k: _cell(v) for k, v in point.items()})
-                else:
-                    out.write(json.dumps(point) + "\n")
+            _warn_missing(page.missing_steps)
+            for point in page.points:
+                out.write(json.dumps(point.model_dump(mode="json")) + "\n")
+    return Exit.OK
+
+
+def _warn_missing(ranges: Iterable[tuple[int, int]]) -> None:
+    for first_missing, last_missing in ranges:
+        print(f"warning: steps {first_missing}-{last_missing} are missing (lost on the server)", file=sys.stderr)
+
+
+def _metrics_csv(client: Client, args: argparse.Namespace) -> int:
+    """The server's streamed CSV, written as it comes; steps missing inside it, or after its last row on an
+    ended job, are warned about on stderr as the paged JSON's `missing_steps` are."""
+    job = client.job(args.job_id)
+    chunks = _started(job.csv())
+    expected, partial = 1, ""
+    with _output(args) as out:
+        for chunk in chunks:
+            out.write(chunk)
+            *lines, partial = (partial + chunk).split("\n")
+            for line in lines:
+                head = line.partition(",")[0]
+                if head.isdigit():  # a row, not the header
+                    step = int(head)
+                    _warn_missing([(expected, step - 1)] if step > expected else [])
+                    expected = step + 1
+    summary = job.refresh().summary
+    if job.done and summary is not None and summary.steps_done >= expected:
+        _warn_missing([(expected, summary.steps_done)])
     return Exit.OK
 
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import csv
 import io
+import re
+from pathlib import Path
+
 import httpx
 
 from app.api.auth import OPEN_TENANT
@@ -13,6 +16,7 @@ from app.core.records import StepRecord
 from app.store import JobStore
 from app.store.retention import Archiver
 from tests.app.history import ended_job
+from tests.service.test_cli import mpjobs
 from tests.stack import Stack
 
 
@@ -50,6 +54,18 @@ def test_the_streamed_csv_is_the_paged_csv_from_redis_and_from_the_archive(stack
 
     assert Archiver(store, retention_s=0).archive(job_id) == "archived"
     assert exported(client, job_id)[1] == body, "the archive exports the same bytes"
+
+
+def test_the_cli_writes_the_streamed_csv_and_warns_of_every_missing_step(stack: Stack, client: httpx.Client,
+                                                                        tmp_path: Path) -> None:
+    store = JobStore(stack.redis.client(), stack.artifacts)
+    job_id, written, _ = ended_job(store, 40, skip=frozenset({3, 4, 20, 39, 40}), tenant=OPEN_TENANT)
+    out = tmp_path / "steps.csv"
+    done = mpjobs(stack, "metrics", job_id, "--csv", "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    assert out.read_text() == paged_csv(client, job_id) and len(out.read_text().splitlines()) == 1 + len(written)
+    warned = re.findall(r"^warning: steps (\d+)-(\d+) are missing", done.stderr, re.MULTILINE)
+    assert warned == [("3", "4"), ("20", "20"), ("39", "40")], done.stderr
 
 
 def test_no_csv_for_a_missing_job_or_another_tenants(stack: Stack, client: httpx.Client) -> None:

@@ -39,7 +39,7 @@ def test_an_ended_job_reports_the_steps_lost_after_its_last_stored_one(store: Jo
     assert running.missing_steps == [(4, 4)], "a running job's newest steps may simply not be written yet"
     finish(store, job_id, steps_done=10)
     page = services.metrics(store, job_id, TENANT, after=0, limit=1000)
-    assert [p.step for p in page.points] == [1, 2, 3, 5, 6]
+    assert page.steps == [1, 2, 3, 5, 6]
     assert page.missing_steps == [(4, 4), (7, 10)]
     assert services.metrics(store, job_id, TENANT, after=6, limit=1000).missing_steps == [(7, 10)]
 

@@ -148,12 +148,13 @@ def _cancel_running(store: JobStore, job: Job) -> JobState | None:
 
 def metrics(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> RawPage:
     """A page of step records as stored (`RawPage.json` is the MetricsPage's JSON)."""
-    job = get(store, job_id, tenant)
+    exists, steps_done = store.ended_steps(job_id, tenant)
+    if not exists:
+        raise JobNotFound(job_id)
     page = store.read_metrics_raw(job_id, after, min(limit, MAX_PAGE))
-    if job.state.terminal and job.summary is not None and not page.more:
+    if steps_done is not None and not page.more and steps_done > page.last_step:
         # An ended job's last page: steps it trained but Redis lost after the last stored one.
-        if job.summary.steps_done > page.last_step:
-            page.missing_steps.append((page.last_step + 1, job.summary.steps_done))
+        page.missing_steps.append((page.last_step + 1, steps_done))
     return page
 
 

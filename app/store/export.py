@@ -43,6 +43,6 @@ def csv_chunks(history: MetricHistory, job_id: str, chunk: int = EXPORT_CHUNK) -
     after: int | None = 0
     while after is not None:
         page = history.read_metrics_raw(job_id, after, chunk)
-        if page.records:
-            yield csv_rows(json.loads(f"[{','.join(page.records)}]"))
+        if page.steps:
+            yield csv_rows(json.loads(b"[" + page.body + b"]"))
         after = page.next_after

@@ -19,7 +19,8 @@ class RawPage:
 
     after_step: int
     steps: list[int]
-    records: list[str]
+    body: bytes
+    """The records' stored JSON, comma-separated, in step order, UTF-8."""
     more: bool
     """Whether another page follows."""
     missing_steps: list[tuple[int, int]] = field(default_factory=list)
@@ -45,11 +46,12 @@ class RawPage:
         """The page as `MetricsPage(job_id=..., points=..., next_after=..., missing_steps=...)` dumps it."""
         next_after = "null" if self.next_after is None else str(self.next_after)
         missing = ",".join(f"[{first},{last}]" for first, last in self.missing_steps)
-        return (f'{{"job_id":{json.dumps(job_id)},"points":[{",".join(self.records)}],'
-                f'"next_after":{next_after},"missing_steps":[{missing}]}}').encode()
+        return b"".join([f'{{"job_id":{json.dumps(job_id)},"points":['.encode(), self.body,
+                         f'],"next_after":{next_after},"missing_steps":[{missing}]}}'.encode()])
 
 
 def raw_page(after_step: int, found: Sequence[tuple[int, str]], limit: int) -> RawPage:
     """A page from up to `limit + 1` (step, JSON) pairs: the extra one only says another page follows."""
     kept = found[:limit]
-    return RawPage(after_step, [step for step, _ in kept], [record for _, record in kept], len(found) > limit)
+    return RawPage(after_step, [step for step, _ in kept], ",".join(record for _, record in kept).encode(),
+                   len(found) > limit)

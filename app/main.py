@@ -20,6 +20,7 @@ from app.api.auth import parse_api_keys
 from app.api.job_views import JobViews
 from app.api.limits import BodySizeLimit
 from app.api.memory import MemoryGauge
+from app.api.page_reads import PageReads
 from app.api.routes import comparisons, dashboard, health, jobs, layers, metrics, prometheus
 from app.api.services import LiveWorkers
 from app.api.validation import validation_error
@@ -72,6 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.store = JobStore(app.state.redis, settings.artifacts_dir)
         app.state.live_workers = LiveWorkers(app.state.rq_redis)
         app.state.job_views = JobViews(app.state.aredis, app.state.store, app.state.live_workers)
+        app.state.page_reads = PageReads(app.state.aredis, app.state.store)
         app.state.memory = MemoryGauge(app.state.redis, settings.redis_memory_high_water)
         # Everything imported and built so far lives as long as the process: keep it out of
         # the collector's generations, so a full collection does not walk it mid-request.

@@ -17,7 +17,6 @@ from app.core.job import Job, JobState, LayersPage
 from app.core.spec import ComparisonSpec, JobSpec
 from app.store import VIEW_TTL_S, ComparisonRecord, IdempotencyKey, JobStore
 from app.store import queue as queues
-from app.store.pages import RawPage
 
 MAX_PAGE = 10_000
 """Most step records one metrics page returns, and most layer checks one layers page returns."""
@@ -144,18 +143,6 @@ def _cancel_running(store: JobStore, job: Job) -> JobState | None:
         attempt, job.id, f"canceled at step {attempt.step}: worker {worker} {why}, presumed dead",
         error={"reason": "canceled",
                "message": f"Canceled at step {attempt.step}; its worker ({worker}) {why}, presumed dead."})
-
-
-def metrics(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> RawPage:
-    """A page of step records as stored (`RawPage.json` is the MetricsPage's JSON)."""
-    exists, steps_done = store.ended_steps(job_id, tenant)
-    if not exists:
-        raise JobNotFound(job_id)
-    page = store.read_metrics_raw(job_id, after, min(limit, MAX_PAGE))
-    if steps_done is not None and not page.more and steps_done > page.last_step:
-        # An ended job's last page: steps it trained but Redis lost after the last stored one.
-        page.missing_steps.append((page.last_step + 1, steps_done))
-    return page
 
 
 def layers(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> LayersPage:

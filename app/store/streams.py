@@ -48,8 +48,12 @@ return removed
 
 
 # Up to ARGV[2] steps after ARGV[1]: their stored records (field ARGV[3]) joined by commas, their steps
-# joined by spaces, and whether another step follows.
+# joined by spaces, and whether another step follows. With a second key (the job's record), the record's
+# ARGV[4..] fields first, read in the same atomic call: a record that does not say "archived" yet means
+# the stream was whole when it was read.
 RAW_PAGE = """
+local head = {}
+if KEYS[2] then head = redis.call('HMGET', KEYS[2], unpack(ARGV, 4)) end
 local limit = tonumber(ARGV[2])
 local entries = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', limit + 1)
 local records, steps = {}, {}
@@ -60,7 +64,7 @@ for i = 1, math.min(#entries, limit) do
     if fields[j] == ARGV[3] then records[i] = fields[j + 1] break end
   end
 end
-return {table.concat(records, ','), table.concat(steps, ' '), #entries > limit and 1 or 0}
+return {table.concat(records, ','), table.concat(steps, ' '), #entries > limit and 1 or 0, head}
 """
 
 
@@ -129,7 +133,8 @@ class MetricStreams(RedisBacked):
     def read_metrics_raw(self, job_id: str, after_step: int, limit: int) -> RawPage:
         """The same page as `read_metrics`, its records as stored: joined inside Redis (one string back, not
         an entry each for redis-py to turn into a dict), with no parse and no validation."""
-        body, steps, more = self._run_bytes("raw_page", [metrics_key(job_id)], [after(after_step), limit, STEP_FIELD])
+        body, steps, more, _ = self._run_bytes("raw_page", [metrics_key(job_id)],
+                                               [after(after_step), limit, STEP_FIELD])
         return RawPage(after_step, [int(step) for step in steps.split()], body, bool(more))
 
     def read_layers(self, job_id: str, after_step: int, limit: int) -> LayersPage:

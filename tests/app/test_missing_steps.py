@@ -3,13 +3,27 @@ once the job has ended, the steps after the last one stored."""
 
 from __future__ import annotations
 
-from app.api import services
+import asyncio
+
+import redis.asyncio
+
+from app.api.page_reads import PageReads
 from app.core.job import JobState
 from app.core.records import StepRecord, Summary
 from app.core.spec import JobSpec
 from app.store import JobStore
+from app.store.pages import RawPage
 
 TENANT = "t"
+
+
+def metrics(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> RawPage:
+    """A page as the API's route reads it (app/api/page_reads.py), on a client of its own."""
+    async def read() -> RawPage:
+        url = store.redis.connection_pool.connection_kwargs
+        async with redis.asyncio.Redis(host=url["host"], port=url["port"]) as aredis:
+            return await PageReads(aredis, store).page(job_id, tenant, after, limit)
+    return asyncio.run(read())
 
 
 def record(step: int) -> StepRecord:
@@ -35,25 +49,25 @@ def finish(store: JobStore, job_id: str, steps_done: int) -> None:
 
 def test_an_ended_job_reports_the_steps_lost_after_its_last_stored_one(store: JobStore) -> None:
     job_id = job_with_steps(store, [1, 2, 3, 5, 6])
-    running = services.metrics(store, job_id, TENANT, after=0, limit=1000)
+    running = metrics(store, job_id, TENANT, after=0, limit=1000)
     assert running.missing_steps == [(4, 4)], "a running job's newest steps may simply not be written yet"
     finish(store, job_id, steps_done=10)
-    page = services.metrics(store, job_id, TENANT, after=0, limit=1000)
+    page = metrics(store, job_id, TENANT, after=0, limit=1000)
     assert page.steps == [1, 2, 3, 5, 6]
     assert page.missing_steps == [(4, 4), (7, 10)]
-    assert services.metrics(store, job_id, TENANT, after=6, limit=1000).missing_steps == [(7, 10)]
+    assert metrics(store, job_id, TENANT, after=6, limit=1000).missing_steps == [(7, 10)]
 
 
 def test_only_the_last_page_carries_the_tail(store: JobStore) -> None:
     job_id = job_with_steps(store, [1, 2, 3, 4])
     finish(store, job_id, steps_done=6)
-    first = services.metrics(store, job_id, TENANT, after=0, limit=2)
+    first = metrics(store, job_id, TENANT, after=0, limit=2)
     assert first.next_after == 2 and first.missing_steps == []
-    last = services.metrics(store, job_id, TENANT, after=2, limit=2)
+    last = metrics(store, job_id, TENANT, after=2, limit=2)
     assert last.next_after is None and last.missing_steps == [(5, 6)]
 
 
 def test_a_job_with_every_step_stored_reports_none_missing(store: JobStore) -> None:
     job_id = job_with_steps(store, [1, 2, 3])
     finish(store, job_id, steps_done=3)
-    assert services.metrics(store, job_id, TENANT, after=0, limit=1000).missing_steps == []
+    assert metrics(store, job_id, TENANT, after=0, limit=1000).missing_steps == []

@@ -4,13 +4,16 @@ model does; from Redis, from the archive, and from an archive of format version 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import redis.asyncio
 from pydantic import TypeAdapter
 
+from app.api.page_reads import PageReads
 from app.core.job import MetricsBuckets, MetricsPage
 from app.store import JobStore
 from app.store.archive import METRICS_FILE, RECORD_COLUMN
@@ -33,9 +36,18 @@ def store(server: RedisServer, tmp_path: Path) -> JobStore:
 
 
 def pages(store: JobStore, job_id: str) -> list[tuple[bytes, bytes]]:
-    """(assembled, validated and dumped) for each of READS."""
-    return [(store.read_metrics_raw(job_id, after, limit).json(job_id),
-             RESPONSE.dump_json(store.read_metrics(job_id, after, limit))) for after, limit in READS]
+    """(assembled, validated and dumped) for each of READS; assembled by the store and by the API's async
+    reader (app/api/page_reads.py), which must agree."""
+    async def served() -> list[bytes]:
+        kwargs = store.redis.connection_pool.connection_kwargs
+        async with redis.asyncio.Redis(host=kwargs["host"], port=kwargs["port"]) as aredis:
+            reads = PageReads(aredis, store)
+            return [(await reads.page(job_id, "t", after, limit)).json(job_id) for after, limit in READS]
+
+    assembled = [store.read_metrics_raw(job_id, after, limit).json(job_id) for after, limit in READS]
+    assert asyncio.run(served()) == assembled
+    return [(raw, RESPONSE.dump_json(store.read_metrics(job_id, after, limit)))
+            for raw, (after, limit) in zip(assembled, READS, strict=True)]
 
 
 def test_a_page_from_the_stored_bytes_is_the_validated_page_byte_for_byte(store: JobStore) -> None:

@@ -26,6 +26,7 @@ MAX_POINTS = 10_000
 @router.get("", response_model=MetricsPage | MetricsBuckets)
 async def read_metrics(
     job_id: JobIdDep,
+    request: Request,
     store: StoreDep,
     tenant: TenantDep,
     after: AfterStep = 0,
@@ -37,7 +38,7 @@ async def read_metrics(
     if max_points is not None:
         body = await run_in_threadpool(services.buckets_json, store, job_id, tenant, max_points)
         return Response(body, media_type="application/json")  # already a MetricsBuckets, as JSON
-    page = await run_in_threadpool(services.metrics, store, job_id, tenant, after, limit)
+    page = await request.app.state.page_reads.page(job_id, tenant, after, min(limit, services.MAX_PAGE))
     return Response(page.json(job_id), media_type="application/json")  # a MetricsPage, from the stored records
 
 

@@ -171,10 +171,10 @@ def job_throughput(stack: Stack, jobs: int, rounds: int) -> list[Row]:
 
 def run(quick: bool = False, repeats: int | None = None, jobs: int | None = None,
         rounds: int | None = None) -> list[Row]:
-    """Quick: 1k and 10k steps, 3 repeats, 6 jobs, one round (the smoke test's size)."""
+    """Quick: 1k and 10k steps, 3 repeats, 4 jobs, one round (the smoke test's size)."""
     sizes = QUICK_SIZES if quick else SIZES
     repeats = repeats or (3 if quick else 5)
-    jobs = jobs or (6 if quick else 20)
+    jobs = jobs or (4 if quick else 20)
     rounds = rounds or (1 if quick else 2)
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp))
@@ -192,9 +192,9 @@ def run(quick: bool = False, repeats: int | None = None, jobs: int | None = None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1k and 10k steps, 3 repeats, 6 jobs, one round")
+    parser.add_argument("--quick", action="store_true", help="1k and 10k steps, 3 repeats, 4 jobs, one round")
     parser.add_argument("--repeats", type=int, help="metric reads per size (default 5, quick 3)")
-    parser.add_argument("--jobs", type=int, help="jobs per batch (default 20, quick 6)")
+    parser.add_argument("--jobs", type=int, help="jobs per batch (default 20, quick 4)")
     parser.add_argument("--rounds", type=int, help="2-worker/1-worker rounds (default 2, quick 1)")
     args = parser.parse_args()
     rows = run(args.quick, args.repeats, args.jobs, args.rounds)

@@ -90,7 +90,7 @@ def test_scaling_quick() -> None:
         assert f"metrics, all pages, {steps} steps: per step" in by_case
         assert f"metrics?max_points=500, {steps} steps" in by_case
     assert by_case["metrics, all pages, 10,000 steps: per step"].ratio is not None
-    two = by_case["job throughput, 2 workers, 6 float32 mlp jobs of 20 steps (2 cores: expect < 2x)"]
-    one = by_case["job throughput, 1 worker, 6 float32 mlp jobs of 20 steps"]
+    two = by_case["job throughput, 2 workers, 4 float32 mlp jobs of 20 steps (2 cores: expect < 2x)"]
+    one = by_case["job throughput, 1 worker, 4 float32 mlp jobs of 20 steps"]
     assert one.value > 0 and two.baseline_value == one.value and two.ratio is not None and two.ratio > 0
     assert all(row.value > 0 for row in rows)

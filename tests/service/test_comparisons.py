@@ -18,9 +18,11 @@ SLOW_RATIO = 1.5
 """docs/numerics.md: `slow_precision_on_device` when the call is `slower` and `low` is at least 1.5."""
 SAFEST_FIRST = ["mixed_bfloat16", "mixed_float16 + dynamic", "mixed_float16 + none"]
 """The verdict's tie-break among variants equally fast: bfloat16 keeps float32's range; float16 needs scaling."""
-UNET = {"model": {"name": "conv3d_unet"},
+UNET = {"model": {"name": "conv3d_unet", "volume": 4, "filters": 2},
         "training": {"steps": 3, "batch_size": 2, "optimizer": "sgd", "learning_rate": 0.1},
         "dataset": {"samples": 8}}
+"""The seed's zero-gradient net at its smallest: each output voxel's gradient is 1/384³ (`reference_edge`) at
+any crop size, under float16's smallest subnormal, so without loss scaling its gradients underflow."""
 
 
 def finished(client: httpx.Client, comparison_id: str, timeout: float = 240) -> dict[str, Any]:

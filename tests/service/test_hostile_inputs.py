@@ -86,7 +86,8 @@ def test_invalid_utf8_in_a_body_is_a_422(client: httpx.Client) -> None:
 
 
 JOB_ROUTES = [("GET", ""), ("DELETE", ""), ("GET", "/metrics"), ("GET", "/metrics?max_points=5"),
-              ("GET", "/metrics/stream"), ("GET", "/metrics.csv"), ("GET", "/layers"), ("GET", "/artifacts/model.keras")]
+              ("GET", "/metrics/stream"), ("GET", "/metrics.csv"), ("GET", "/layers"),
+              ("GET", "/artifacts/model.keras")]
 """Every route under /jobs/{job_id} (app/api/routes/)."""
 
 

@@ -6,9 +6,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from redis import Redis
-from redis.client import NEVER_DECODE
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
 
 # Set fields of a hash that exists, and never create one: a late write (a cancel flag, a phase, a
 # resumed attempt's step) must not bring back a job deleted meanwhile as a record of one field.
@@ -33,18 +31,6 @@ class RedisBacked:
 
     def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         return self._scripts[script](keys=keys, args=args)
-
-    def _run_bytes(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        """`_run`, its reply left as bytes whatever the connection decodes: a large reply passed on as it
-        is (a page of stored records) is then never decoded and encoded again."""
-        lua = self._scripts[script]
-        try:
-            return self.redis.execute_command(  # type: ignore[no-untyped-call]
-                "EVALSHA", lua.sha, len(keys), *keys, *args, **{NEVER_DECODE: []})
-        except NoScriptError:  # Redis restarted, or its scripts were flushed: load it again
-            self.redis.script_load(lua.script)
-            return self.redis.execute_command(  # type: ignore[no-untyped-call]
-                "EVALSHA", lua.sha, len(keys), *keys, *args, **{NEVER_DECODE: []})
 
     def _hset_existing(self, key: str, fields: Mapping[str, str | int]) -> bool:
         """HSET `fields` on `key` if that hash exists. Returns whether it did."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -18,7 +19,8 @@ class RawPage:
     """The steps after `after_step`, each with its record's stored JSON, in step order."""
 
     after_step: int
-    steps: list[int]
+    steps: Sequence[int]
+    """In order; a `range` when they follow each other with no gap (the common case, checked at no cost)."""
     body: bytes
     """The records' stored JSON, comma-separated, in step order, UTF-8."""
     more: bool
@@ -28,6 +30,10 @@ class RawPage:
 
     def __post_init__(self) -> None:
         expected = self.after_step + 1
+        if isinstance(self.steps, range):  # no gap inside: one before it at most
+            if self.steps and self.steps.start > expected:
+                self.missing_steps.append((expected, self.steps.start - 1))
+            return
         for step in self.steps:
             if step > expected:
                 self.missing_steps.append((expected, step - 1))
@@ -48,6 +54,21 @@ class RawPage:
         missing = ",".join(f"[{first},{last}]" for first, last in self.missing_steps)
         return b"".join([f'{{"job_id":{json.dumps(job_id)},"points":['.encode(), self.body,
                          f'],"next_after":{next_after},"missing_steps":[{missing}]}}'.encode()])
+
+
+def unparsed_xrange(response: Any, **options: Any) -> Any:
+    """A response callback that leaves XRANGE's reply as hiredis parsed it: [[id, [field, value, ...]], ...]."""
+    return response
+
+
+def stream_page(after_step: int, entries: list[list[Any]], limit: int) -> RawPage:
+    """A page from up to `limit + 1` raw XRANGE entries of a metrics stream, as bytes (each entry's one field
+    is the record's JSON; its id is `{step}-0`)."""
+    kept = entries[:limit]
+    first, last = (int(kept[0][0][:-2]), int(kept[-1][0][:-2])) if kept else (0, -1)
+    # Ids only grow: as many entries as steps from the first to the last means no step is missing.
+    steps = range(first, last + 1) if last - first + 1 == len(kept) else [int(entry[0][:-2]) for entry in kept]
+    return RawPage(after_step, steps, b",".join([entry[1][1] for entry in kept]), len(entries) > limit)
 
 
 def raw_page(after_step: int, found: Sequence[tuple[int, str]], limit: int) -> RawPage:

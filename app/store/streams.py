@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis.client import NEVER_DECODE
 
 from app.core.job import LayersPage, MetricsBuckets, MetricsPage
 from app.core.records import LayerCheck, StepRecord
@@ -27,7 +28,7 @@ from app.store.keys import (
     step_fields,
     step_record,
 )
-from app.store.pages import RawPage
+from app.store.pages import RawPage, stream_page, unparsed_xrange
 from app.store.rollup import ROLLUP_STEPS, Rollup, raw_buckets, rollup_buckets
 
 RAW_BUCKET_LIMIT = 4096
@@ -47,32 +48,12 @@ return removed
 """
 
 
-# Up to ARGV[2] steps after ARGV[1]: their stored records (field ARGV[3]) joined by commas, their steps
-# joined by spaces, and whether another step follows. With a second key (the job's record), the record's
-# ARGV[4..] fields first, read in the same atomic call: a record that does not say "archived" yet means
-# the stream was whole when it was read.
-RAW_PAGE = """
-local head = {}
-if KEYS[2] then head = redis.call('HMGET', KEYS[2], unpack(ARGV, 4)) end
-local limit = tonumber(ARGV[2])
-local entries = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', limit + 1)
-local records, steps = {}, {}
-for i = 1, math.min(#entries, limit) do
-  steps[i] = string.match(entries[i][1], '^%d+')
-  local fields = entries[i][2]
-  for j = 1, #fields, 2 do
-    if fields[j] == ARGV[3] then records[i] = fields[j + 1] break end
-  end
-end
-return {table.concat(records, ','), table.concat(steps, ' '), #entries > limit and 1 or 0, head}
-"""
-
-
 class MetricStreams(RedisBacked):
     """`job:{id}:metrics` (one entry per step), `job:{id}:rollup` (one per ROLLUP_STEPS steps) and
     `job:{id}:layers` (one per layer check)."""
 
-    SCRIPTS = {"rewind": REWIND, "raw_page": RAW_PAGE}
+    SCRIPTS = {"rewind": REWIND}
+    _unparsed: redis.Redis | None = None
 
     def append_steps(self, job_id: str, records: Sequence[StepRecord], rollups: Sequence[tuple[int, Rollup]],
                      layers: Sequence[LayerCheck] = ()) -> None:
@@ -131,11 +112,14 @@ class MetricStreams(RedisBacked):
                             len(entries) > limit)
 
     def read_metrics_raw(self, job_id: str, after_step: int, limit: int) -> RawPage:
-        """The same page as `read_metrics`, its records as stored: joined inside Redis (one string back, not
-        an entry each for redis-py to turn into a dict), with no parse and no validation."""
-        body, steps, more, _ = self._run_bytes("raw_page", [metrics_key(job_id)],
-                                               [after(after_step), limit, STEP_FIELD])
-        return RawPage(after_step, [int(step) for step in steps.split()], body, bool(more))
+        """The same page as `read_metrics`, its records as stored: XRANGE's reply as hiredis parsed it (bytes,
+        no dict per entry), the records joined as they are, with no parse and no validation."""
+        if self._unparsed is None:  # the same connections, XRANGE's reply left unparsed
+            self._unparsed = redis.Redis(connection_pool=self.redis.connection_pool)
+            self._unparsed.set_response_callback("XRANGE", unparsed_xrange)
+        entries = self._unparsed.execute_command(  # type: ignore[no-untyped-call]
+            "XRANGE", metrics_key(job_id), after(after_step), "+", "COUNT", limit + 1, **{NEVER_DECODE: []})
+        return stream_page(after_step, entries, limit)
 
     def read_layers(self, job_id: str, after_step: int, limit: int) -> LayersPage:
         """Layer checks after step `after_step`, in step order, at most `limit`."""

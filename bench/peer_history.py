@@ -46,14 +46,17 @@ READS = 10
 
 
 @contextmanager
-def mlflow_server(folder: Path) -> Iterator[str]:
-    """`mlflow server` with a SQLite backend in its own process group; yields its URL once it answers."""
+def mlflow_server(folder: Path) -> Iterator[Callable[[], str]]:
+    """`mlflow server` with a SQLite backend, started in its own process group at once (it takes tens of
+    seconds to create its tables); yields a function that waits until it answers and returns its URL."""
     port = free_port()
     with open(folder / "mlflow-server.log", "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
              "--default-artifact-root", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-             "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+             "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            # Tracking only: no job runner and queue consumers (GenAI jobs) beside it.
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     url = f"http://127.0.0.1:{port}"
 
     def answers() -> bool:
@@ -64,9 +67,12 @@ def mlflow_server(folder: Path) -> Iterator[str]:
         except httpx.TransportError:
             return False
 
-    try:
+    def ready() -> str:
         wait_until(answers, 180, "mlflow server")
-        yield url
+        return url
+
+    try:
+        yield ready
     finally:
         os.killpg(process.pid, signal.SIGTERM)  # its uvicorn is a child in the same group
         try:
@@ -97,22 +103,42 @@ def _timed_ms(read: Callable[[], int]) -> tuple[float, int]:
     return (time.perf_counter() - start) * 1000, points
 
 
+def _measure(reads: dict[str, Callable[[], int]], full: str, rounds: int, repeat: int
+             ) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Milliseconds per read of each side, and the points it returned: `rounds` rounds in rotated order,
+    `repeat` reads of each side a round but `full` (once)."""
+    times: dict[str, list[float]] = {name: [] for name in reads}
+    points = {name: read() for name, read in reads.items()}  # warm: every path run once
+    order = list(reads.items())
+    for i in range(rounds):
+        for name, read in order[i % len(order):] + order[:i % len(order)]:
+            for _ in range(1 if name == full else repeat):
+                elapsed, points[name] = _timed_ms(read)
+                times[name].append(elapsed)
+    return times, points
+
+
 def run(quick: bool = False, rounds: int | None = None) -> list[Row]:
     """Quick: 5,000-step histories (past the 4,096 steps where views switch to rollups), 2 rounds of 3 cheap reads."""
     from mlflow import MlflowClient
 
     steps = 5_000 if quick else 100_000
-    rounds = rounds or (2 if quick else 8)
-    reads = 3 if quick else READS
-    with tempfile.TemporaryDirectory() as tmp, redis_server() as (server, env), mlflow_server(Path(tmp)) as ml_url:
+    rounds = rounds or (2 if quick else 6)
+    with tempfile.TemporaryDirectory() as tmp, mlflow_server(Path(tmp)) as mlflow_ready, \
+            redis_server() as (server, env):
         client_redis, rq_redis = server.client(), redis.Redis.from_url(server.url)
         store = JobStore(client_redis, Path(env["ARTIFACTS_DIR"]))
         with serve("app.main:app", env, Path(tmp) / "api.log") as api, \
-                httpx.Client(base_url=api.url, timeout=60) as client, httpx.Client(base_url=ml_url, timeout=600) as ml:
+                httpx.Client(base_url=api.url, timeout=60) as client:
+            started = time.perf_counter()
             running = running_job(client, store, rq_redis, steps)
+            written_s = time.perf_counter() - started
             archived = finished_job(client, store, rq_redis, steps)
             assert Archiver(store, retention_s=0).archive(archived) == "archived"
+            ml_url = mlflow_ready()
+            started = time.perf_counter()
             run_id = log_history(ml_url, steps)
+            logged_s = time.perf_counter() - started
             tracking = MlflowClient(tracking_uri=ml_url)
 
             def view(job_id: str) -> Callable[[], int]:
@@ -124,29 +150,22 @@ def run(quick: bool = False, rounds: int | None = None) -> list[Row]:
                 return read
 
             def sampled() -> int:
-                response = ml.get("/api/2.0/mlflow/metrics/get-history-bulk-interval",
-                                  params={"run_ids": run_id, "metric_key": "loss", "max_results": MAX_POINTS})
+                response = httpx.get(f"{ml_url}/api/2.0/mlflow/metrics/get-history-bulk-interval", timeout=600,
+                                     params={"run_ids": run_id, "metric_key": "loss", "max_results": MAX_POINTS})
                 response.raise_for_status()
                 return len(response.json()["metrics"])
 
-            def history() -> int:
-                return len(tracking.get_metric_history(run_id, "loss"))
-
-            cheap = {f"mpjobs GET /jobs/{{id}}/metrics?max_points={MAX_POINTS}, job running": view(running),
-                     f"mpjobs GET /jobs/{{id}}/metrics?max_points={MAX_POINTS}, job ended and archived": view(archived),
-                     f"MLflow get-history-bulk-interval, max_results={MAX_POINTS}": sampled}
             full = "MLflow MlflowClient.get_metric_history, every point"
-            times: dict[str, list[float]] = {name: [] for name in [*cheap, full]}
-            points: dict[str, int] = {}
-            for name, read in [*cheap.items(), (full, history)]:  # warm: every path run once
-                points[name] = read()
-            for i in range(rounds):
-                order = [*cheap.items(), (full, history)]
-                for name, read in order[i % len(order):] + order[:i % len(order)]:
-                    for _ in range(1 if name == full else reads):
-                        elapsed, points[name] = _timed_ms(read)
-                        times[name].append(elapsed)
-    return _rows(steps, times, points)
+            times, points = _measure({
+                f"mpjobs GET /jobs/{{id}}/metrics?max_points={MAX_POINTS}, job running": view(running),
+                f"mpjobs GET /jobs/{{id}}/metrics?max_points={MAX_POINTS}, job ended and archived": view(archived),
+                f"MLflow get-history-bulk-interval, max_results={MAX_POINTS}": sampled,
+                full: lambda: len(tracking.get_metric_history(run_id, "loss")),
+            }, full, rounds, 3 if quick else READS)
+    return _rows(steps, times, points) + [
+        Row(BENCH, f"write the {steps:,}-step series: MLflow log_batch, {LOG_BATCH:,} metrics a call, over HTTP "
+            f"(the loss only)", "mpjobs RedisReporter straight into Redis (every field of every step)", written_s,
+            logged_s, "s", logged_s / written_s)]
 
 
 def _rows(steps: int, times: dict[str, list[float]], points: dict[str, int]) -> list[Row]:

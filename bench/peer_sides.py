@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -142,19 +142,24 @@ def engine_spec(spec: JobSpec, layer_every: int | None) -> JobSpec:
     return spec.model_copy(update={"training": training})
 
 
-def sides(spec: JobSpec, out: Path, layer_every: int, mlflow: bool = True) -> tuple[list[Engine], list[Peer]]:
+def sides(spec: JobSpec, out: Path, layer_every: int, repeat: int, mlflow: bool = True
+          ) -> tuple[list[Engine], list[Peer]]:
     """([engine, engine with layer checks every `layer_every`], [bare, its A/A twin, the peers]).
 
-    The engines come first (the first clears the session; the second keeps it), then every Keras side.
+    The engines come first (the first clears the session; the second keeps it), then every Keras side, in an
+    order rotated by `repeat`: where a model is built among the others can change its speed by a few points.
     """
     engines = [Engine(engine_spec(spec, 0), out / "engine")]
     with session_kept():
         engines.append(Engine(engine_spec(spec, layer_every), out / "engine-layers"))
-    peers = [Peer("bare model.fit", spec, None, out), Peer("bare model.fit again (A/A)", spec, None, out),
-             TensorBoardPeer(spec, out / "tensorboard"), ScaleLoggerPeer(spec, out)]
+    makers: list[Callable[[], Peer]] = [
+        lambda: Peer("bare model.fit", spec, None, out), lambda: Peer("bare model.fit again (A/A)", spec, None, out),
+        lambda: TensorBoardPeer(spec, out / "tensorboard"), lambda: ScaleLoggerPeer(spec, out)]
     if mlflow:
-        peers.append(MlflowPeer(spec, out))
-    return engines, peers
+        makers.append(lambda: MlflowPeer(spec, out))
+    first = repeat % len(makers)
+    built = {i: makers[i]() for i in [*range(first, len(makers)), *range(first)]}
+    return engines, [built[i] for i in range(len(makers))]
 
 
 def take_turns(sides: Sequence[Bare | Engine], x: Any, y: Any, repeat: int) -> None:

@@ -11,8 +11,9 @@ import keras
 import numpy as np
 
 from bench import peer_history, peers
-from bench.engine_overhead import PIECES
-from bench.peer_sides import ScaleLogger
+from bench.engine_overhead import PIECES, Engine
+from bench.peer_sides import ScaleLogger, engine_spec
+from worker.data import SEGMENT_BYTES
 
 SIDES = [peers.ENGINE, peers.ENGINE_LAYERS, peers.AA, "TensorBoard(update_freq=1)", "hand-written scale logger",
          "MLflow Keras callback at every step"]
@@ -61,7 +62,9 @@ def test_the_scale_logger_reads_the_loss_scale_each_step_under_mixed_float16() -
 
 
 def test_history_reads_from_mpjobs_and_mlflow_return_the_points_a_chart_needs() -> None:
-    rows = peer_history.run(quick=True)
+    *rows, written = peer_history.run(quick=True)
+    assert written.case.startswith("write the 5,000-step series: MLflow log_batch") and written.unit == "s"
+    assert written.baseline_value is not None and written.baseline_value > 0 and written.value > 0
     names = [r.case.split(": p")[0] for r in rows[::2]]
     assert names == ["mpjobs GET /jobs/{id}/metrics?max_points=500, job running",
                      "mpjobs GET /jobs/{id}/metrics?max_points=500, job ended and archived",
@@ -78,3 +81,18 @@ def test_history_reads_from_mpjobs_and_mlflow_return_the_points_a_chart_needs() 
         assert row.baseline_value is not None and row.ratio == row.value / row.baseline_value
     for row in rows[:4]:
         assert row.met is (row.value <= 100 if "p99" in row.case else None)
+
+
+def test_the_layer_check_traces_its_gradient_function_once_per_engine(tmp_path: Path) -> None:
+    """TensorFlow's "N out of the last M calls ... triggered tf.function retracing" warning in `bench.peers` counts
+    the first traces of every engine's own function together (its detector keys on the Python code of
+    worker/gradients.py's `tf_gradients`); no one function retraces from one check to the next."""
+    case = peers.Case({"name": "mlp"}, "float32", 6, 1)
+    engine = Engine(engine_spec(case.spec(6), 1), tmp_path)
+    (x, y), = engine.training.segments(SEGMENT_BYTES)
+    engine.fit(x, y)
+    engine.finish()
+    assert [c.step for c in engine.reporter.layer_checks] == [1, 2, 3, 4, 5, 6]
+    check = engine.training.check
+    assert check is not None and check._policy_grads is not None
+    assert check._policy_grads.experimental_get_tracing_count() == 1  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -105,10 +106,17 @@ class MlflowPeer(Peer):
         super().__init__("MLflow Keras callback at every step", spec,
                          mlflow.keras.MlflowCallback(log_every_epoch=False, log_every_n_steps=1), out)
 
+    def fit(self, x: Any, y: Any) -> None:
+        import mlflow
+
+        super().fit(x, y)
+        # Its thread writes the queued steps to SQLite after the step ends: done before the next side's turn,
+        # so that no other side pays for them.
+        mlflow.flush_async_logging()
+
     def series(self) -> int:
         import mlflow
 
-        mlflow.flush_async_logging()
         client = mlflow.MlflowClient()
         keys = client.get_run(self.run_id).data.metrics
         return sum(1 for key in keys if len(client.get_metric_history(self.run_id, key)) >= self.steps)
@@ -147,7 +155,7 @@ def sides(spec: JobSpec, out: Path, layer_every: int, repeat: int, mlflow: bool 
     """([engine, engine with layer checks every `layer_every`], [bare, its A/A twin, the peers]).
 
     The engines come first (the first clears the session; the second keeps it), then every Keras side, in an
-    order rotated by `repeat`: where a model is built among the others can change its speed by a few points.
+    order shuffled by `repeat`: where a model is built among the others can change its speed by a few points.
     """
     engines = [Engine(engine_spec(spec, 0), out / "engine")]
     with session_kept():
@@ -157,17 +165,16 @@ def sides(spec: JobSpec, out: Path, layer_every: int, repeat: int, mlflow: bool 
         lambda: TensorBoardPeer(spec, out / "tensorboard"), lambda: ScaleLoggerPeer(spec, out)]
     if mlflow:
         makers.append(lambda: MlflowPeer(spec, out))
-    first = repeat % len(makers)
-    built = {i: makers[i]() for i in [*range(first, len(makers)), *range(first)]}
+    built = {i: makers[i]() for i in random.Random(repeat).sample(range(len(makers)), len(makers))}
     return engines, [built[i] for i in range(len(makers))]
 
 
 def take_turns(sides: Sequence[Bare | Engine], x: Any, y: Any, repeat: int) -> None:
     """Every side trains the same `PIECES` pieces of (x, y) in turn, as `bench.engine_overhead.take_turns`
-    does for two; the order rotates each piece and repeat, so every side goes first as often."""
-    rows = len(x) // PIECES
+    does for two, in a fresh shuffled order each piece (seeded by `repeat`): no side always goes first, and
+    none always follows the same other side (whose leftover work, a writer thread, would land on it)."""
+    rows, rng = len(x) // PIECES, random.Random(1000 + repeat)
     for piece in range(PIECES):
         part = slice(piece * rows, len(x) if piece == PIECES - 1 else (piece + 1) * rows)
-        first = (piece + repeat) % len(sides)
-        for side in [*sides[first:], *sides[:first]]:
+        for side in rng.sample(list(sides), len(sides)):
             side.fit(x[part], y[part])

@@ -4,9 +4,10 @@ Training (bench/peer_sides.py): per case, one process builds the mpjobs engine (
 what `run_job` drives) without and with per-layer checks, bare `model.fit`, a second bare `fit` (an A/A
 twin: the method's own noise), and bare `fit` with each peer's callback: TensorBoard at every step, a
 hand-written loss-scale logger, MLflow's Keras callback at every step into SQLite. All of them train the
-same batches, cut into pieces, taking turns piece by piece in a rotating order (the paired method of
+same batches, cut into pieces, taking turns piece by piece in a shuffled order (the paired method of
 `bench.engine_overhead`). A side's figure is its steady-state seconds per step; its ratio is the median,
-over every piece of every repeat, of its piece against the bare piece trained next to it.
+over every piece of every repeat, of its piece against the two bare pieces trained beside it (the geometric
+mean of the two ratios); the A/A row, the second bare copy against the first, is the method's noise.
 
 Goal, per case: the engine (without layer checks, and with them) is within 1.05x of bare `fit`, and
 cheaper per step than every peer that records fewer series per step than its 8. A row that misses says
@@ -21,6 +22,7 @@ and from a local MLflow tracking server, p50 and p99 in one run.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import statistics
 import sys
@@ -84,12 +86,15 @@ def measure(case: Case, repeats: int, store: Path, mlflow: bool = True) -> dict[
             take_turns([*engines, *peers], x, y, repeat)
             pieces = {ENGINE: (engines[0].finish(), ENGINE_SERIES), ENGINE_LAYERS: (engines[1].finish(), ENGINE_SERIES)}
             pieces |= {peer.name: (peer.pieces, peer.series()) for peer in peers}
-        bare = pieces[BARE][0]
+        bare, twin = pieces[BARE][0], pieces[AA][0]
         for name, (times, series) in pieces.items():
             assert sum(map(len, times)) == case.steps, f"{name} trained {sum(map(len, times))} of {case.steps} steps"
             side = found[name]
             side.per_step.append(_per_step(times))
-            side.ratios += _piece_ratios(times, bare)
+            # Against both bare copies (the geometric mean of the two ratios), which halves the baseline's own
+            # noise; the A/A row is the twin against the first copy alone: that noise.
+            side.ratios += _piece_ratios(times, bare) if name in (BARE, AA) else [
+                math.sqrt(a * b) for a, b in zip(_piece_ratios(times, bare), _piece_ratios(times, twin), strict=True)]
             side.series = series
     return dict(found)
 

@@ -64,7 +64,8 @@ CASES = [
     Case({"name": "mlp"}, "float32", 500, 4),
     Case({"name": "cnn"}, "float32", 200, 3),
 ]
-"""Sized for about 10 minutes in all on the project's 2-core VM (history included); each repeat builds 7 sides."""
+"""Sized for at most 10 minutes in all on the project's 2-core VM, history included (7.4 min quiet, 10.8 min
+under other sessions' load); each repeat builds 7 sides."""
 
 
 @dataclass
@@ -72,7 +73,8 @@ class Side:
     per_step: list[float]
     """Seconds per step, one per repeat."""
     ratios: list[float]
-    """Against the bare piece trained next to it, every piece of every repeat."""
+    """Against the bare pieces of the same batches (both copies; the A/A twin against the first), every piece of
+    every repeat."""
     series: int
 
 

@@ -5,6 +5,8 @@ machine. Benchmarks run one after another, never at the same time.
 
     python -m bench [--quick] [--only NAME ...] [--json FILE]
 
+`peers` (mpjobs against TensorBoard, a hand-written scale logger and MLflow) needs the `bench` extra
+(`pip install -e '.[bench]'`; `make` installs it).
 GPU speedup is separate (`python -m bench.gpu_speedup`): it needs a GPU host.
 """
 
@@ -19,7 +21,7 @@ from pathlib import Path
 from bench.report import Row, machine, table
 
 BENCHMARKS = ("engine_overhead", "float32_check", "speed_check", "service_overhead", "metric_delivery",
-              "api_throughput", "archived_reads", "scaling")
+              "api_throughput", "archived_reads", "scaling", "peers")
 
 
 def main() -> None:

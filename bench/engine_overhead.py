@@ -92,10 +92,12 @@ def _piece_ratios(pieces: Sequence[Sequence[float]], bare: Sequence[Sequence[flo
 
 
 class Bare:
-    """Plain Keras: compile (mixed_float16 gets Keras's own LossScaleOptimizer) and fit."""
+    """Plain Keras: compile (mixed_float16 gets Keras's own LossScaleOptimizer) and fit, with
+    `callbacks` (none: bare; bench/peer_sides.py passes what users log with instead)."""
 
-    def __init__(self, spec: JobSpec) -> None:
+    def __init__(self, spec: JobSpec, callbacks: Sequence[keras.callbacks.Callback] = ()) -> None:
         keras.utils.set_random_seed(spec.training.seed)
+        self.callbacks = list(callbacks)
         built = build_model(spec, on_cpu_tf=True)
         self.model, self.batch_size = built.model, spec.training.batch_size
         self.model.compile(optimizer=keras.optimizers.Adam(spec.training.learning_rate), loss=built.loss)
@@ -105,7 +107,9 @@ class Bare:
         ends: list[float] = []
         # TensorFlow's fit already brings logs to the host every step, so this adds no sync.
         clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ends.append(time.time()))
-        self.model.fit(x, y, batch_size=self.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[clock])
+        # The clock last: a step's end includes every other callback's work on it.
+        self.model.fit(x, y, batch_size=self.batch_size, epochs=1, shuffle=False, verbose=0,
+                       callbacks=[*self.callbacks, clock])
         self.pieces.append(ends)
 
 

@@ -13,6 +13,26 @@ from tests.stack import RedisServer
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+SLOWEST_FIRST = (
+    "tests/worker/test_gpu_speedup.py", "tests/service/test_load.py", "tests/worker/test_replicas.py",
+    "tests/service/test_comparisons.py", "tests/worker/test_jax_backend.py", "tests/service/test_memory.py",
+    "tests/service/test_crash.py", "tests/test_bench_engine.py", "tests/service/test_fuzz.py",
+    "tests/service/test_retention.py", "tests/test_bench_smoke.py", "tests/service/test_dashboard.py",
+    "tests/test_bench_service.py", "tests/service/test_observability.py", "tests/test_bench_peers.py",
+    "tests/worker/test_speed.py", "tests/service/test_cli.py", "tests/service/test_e2e.py",
+)
+"""Test files that take a minute or so, longest first. `make test` runs files on two processes (pytest-xdist,
+--dist loadfile), handing out files in collection order: started last, one of these would leave one
+process running alone for minutes at the end."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slowest files first, the rest in their usual order (a stable sort, the same in every process)."""
+    rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
+    root = config.rootpath
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A real redis-server on a free port, one per test module, for the tests of the store and the worker's

@@ -50,9 +50,9 @@ def spec(steps: int, every: int, layer_every: int | None = 0) -> JobSpec:
 
 
 @contextlib.contextmanager
-def _session_kept() -> Iterator[None]:
-    """Build a second engine without clearing the session: a model built before another's
-    clear_session() trains measurably slower (bench.engine_overhead), and both must train as built."""
+def session_kept() -> Iterator[None]:
+    """Build another engine without clearing the session: a model built before another's clear_session()
+    trains measurably slower (bench.engine_overhead), and every side must train as built (bench.peers too)."""
     clear = keras.backend.clear_session
     keras.backend.clear_session = lambda *args, **kwargs: None
     try:
@@ -65,7 +65,7 @@ def sides(steps: int, out: Path, layers: bool) -> tuple[Engine, Engine]:
     """(off, on): the float32 check off and on (no layer checks), or with `layers`, the check on without and
     with the layer checks at their default interval."""
     on = Engine(spec(steps, UNDERFLOW_CHECK_EVERY, None if layers else 0), out / "on")
-    with _session_kept():
+    with session_kept():
         off = Engine(spec(steps, UNDERFLOW_CHECK_EVERY if layers else 0), out / "off")
     return off, on
 

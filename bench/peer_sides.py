@@ -28,6 +28,7 @@ import keras  # noqa: E402
 
 from app.core.spec import JobSpec  # noqa: E402
 from bench.engine_overhead import PIECES, Bare, Engine  # noqa: E402
+from bench.float32_check import session_kept  # noqa: E402
 from worker.step_vector import TELEMETRY_FIELDS  # noqa: E402
 
 ENGINE_SERIES = len(TELEMETRY_FIELDS)
@@ -134,18 +135,6 @@ def mlflow_run(folder: Path) -> Iterator[None]:
     mlflow.set_experiment("bench-peers")
     with mlflow.start_run():
         yield
-
-
-@contextlib.contextmanager
-def session_kept() -> Iterator[None]:
-    """Build another engine without clearing the session (as bench.float32_check does): a model built before
-    another's clear_session() trains measurably slower, and every side must train as built."""
-    clear = keras.backend.clear_session
-    keras.backend.clear_session = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        keras.backend.clear_session = clear
 
 
 def engine_spec(spec: JobSpec, layer_every: int | None) -> JobSpec:

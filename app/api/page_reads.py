@@ -17,6 +17,7 @@ from redis.client import NEVER_DECODE
 from app.core.errors import JobNotFound
 from app.core.job import JobState
 from app.store import JobStore
+from app.store.archive import ArchiveInfo
 from app.store.keys import ARCHIVED_FIELD, after, job_key, metrics_key
 from app.store.pages import RawPage, stream_page, unparsed_xrange
 
@@ -45,7 +46,8 @@ class PageReads:
         if state is None or owner != tenant:
             raise JobNotFound(job_id)
         if archived is not None:  # the files answer: read in a thread, as every archived read is
-            page = await run_in_threadpool(self.store.read_metrics_raw, job_id, after_step, limit)
+            info = ArchiveInfo.model_validate_json(archived)
+            page = await run_in_threadpool(self.store.archived_page, job_id, info, after_step, limit)
         else:
             page = stream_page(after_step, entries, limit)
         steps_done = json.loads(summary)["steps_done"] if summary and JobState(state).terminal else None

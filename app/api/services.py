@@ -33,16 +33,12 @@ def submit(store: JobStore, rq_redis: Redis, spec: JobSpec, tenant: str,
     return get(store, job_id, tenant), created
 
 
-def get(store: JobStore, job_id: str, tenant: str, workers: LiveWorkers | None = None) -> Job:
-    """The job, or JobNotFound: another tenant's job is indistinguishable from none.
-
-    With `workers`, a queued job that no live worker can take says why (in the copy returned).
-    """
+def get(store: JobStore, job_id: str, tenant: str) -> Job:
+    """The job, or JobNotFound: another tenant's job is indistinguishable from none. (`GET /jobs/{id}` reads
+    it on the async client, with `waiting_reason` for a queued job no live worker can take: job_views.py.)"""
     job = store.get(job_id, tenant)
     if job is None:
         raise JobNotFound(job_id)
-    if workers is not None and job.state is JobState.QUEUED and not workers.count(job.queue):
-        return job.model_copy(update={"waiting_reason": waiting_reason(job.queue)})
     return job
 
 

@@ -59,8 +59,12 @@ class MetricHistory(MetricStreams):
 
     def read_metrics_raw(self, job_id: str, after_step: int, limit: int) -> RawPage:
         page = super().read_metrics_raw(job_id, after_step, limit)
-        history = self.archived_history(job_id)
-        return page if history is None else raw_page(after_step, history.step_jsons(after_step, limit + 1), limit)
+        info = self.archive_info(job_id)
+        return page if info is None else self.archived_page(job_id, info, after_step, limit)
+
+    def archived_page(self, job_id: str, info: ArchiveInfo, after_step: int, limit: int) -> RawPage:
+        """`read_metrics_raw` from the archive the job record describes (`info`), with no read of Redis."""
+        return raw_page(after_step, self._open(job_id, info).step_jsons(after_step, limit + 1), limit)
 
     def read_layers(self, job_id: str, after_step: int, limit: int) -> LayersPage:
         page = super().read_layers(job_id, after_step, limit)

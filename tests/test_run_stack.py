@@ -109,6 +109,34 @@ def test_the_port_check_ignores_time_wait_and_finds_a_listener_on_the_address_or
     assert check("127.0.0.1", port) == 0 and check("0.0.0.0", port) == 0
 
 
+def pid_of_child(parent: int, *argv: str) -> int:
+    """The pid of the child of `parent` whose command line holds `argv` (from /proc)."""
+    for proc in Path("/proc").iterdir():
+        with suppress(OSError, ValueError):
+            if int((proc / "stat").read_text().rpartition(")")[2].split()[1]) == parent:
+                args = (proc / "cmdline").read_bytes().decode().split("\0")
+                if any(args[i:i + len(argv)] == list(argv) for i in range(len(args))):
+                    return int(proc.name)
+    raise AssertionError(f"no child of {parent} runs {' '.join(argv)}")
+
+
+def test_a_process_that_exits_once_the_stack_is_ready_fails_the_script_with_its_own_last_lines(
+        tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "run.log"
+    with run_stack(log, PORT=str(port)) as script:
+        wait_until(lambda: "curl -N" in log.read_text(), 120, "the ready message")
+        os.kill(pid_of_child(script.pid, "-m", "worker"), signal.SIGKILL)
+        code = script.wait(15)  # within seconds; the rest of the stack stopped with it
+        text = log.read_text()
+    assert code == 1, text
+    assert "mpjobs: the worker exited (code 137); stopping the stack. The last lines of var/log/worker.log:" in text
+    worker_lines = [line for line in (ROOT / "var/log/worker.log").read_text().splitlines() if line.strip()]
+    assert worker_lines and f"\n    {worker_lines[-1]}\n" in text, text  # the worker's own last line, indented
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+
+
 def listening_addresses(port: int) -> set[str]:
     """The local addresses of the TCP sockets listening on `port`."""
     return sockets_in(LISTEN, port)
@@ -191,7 +219,7 @@ def test_a_process_that_dies_at_start_fails_fast_with_its_own_last_lines(tmp_pat
     # A malformed API_KEYS makes the API exit as it imports the app, after Redis has started.
     code, text, took = finished(tmp_path / "run.log", stop_after=60, PORT=str(free_port()), API_KEYS="no-tenant")
     assert code == 1, text
-    assert took < 45, f"{took:.0f} s: the script waited for a process that had died"
+    assert took < 15, f"{took:.0f} s: the script waited for a process that had died"
     assert "mpjobs: the API exited (code 1); stopping the stack. The last lines of var/log/api.log:" in text
     assert "API_KEYS entry 1 must be 'key:tenant'." in text  # the API's own error, from its log
     assert "API at" not in text

@@ -16,7 +16,13 @@ from pathlib import Path
 
 
 def taken(host: str, port: int) -> bool:
+    """Whether a socket listens on `port` at `host` (or at a wildcard address covering it).
+
+    The bind sets SO_REUSEADDR as uvicorn and redis-server do, so it answers as theirs will: the
+    TIME_WAIT connections a stack stopped a moment ago leaves on its port (its own readiness
+    checks) are no obstacle, while a listening socket still refuses it with EADDRINUSE."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:

@@ -96,7 +96,6 @@ Submit a job and follow its metrics:
   ID=\$(curl -s -X POST $base/jobs -H 'content-type: application/json' -d @examples/mlp_mixed_float16.json | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])') && curl -N $base/jobs/\$ID/metrics/stream
 
 TXT
-wait -n "${pids[@]}" || true
-all_alive
-echo "mpjobs: a process of the stack exited; stopping it (see var/log/)" >&2
-exit 1
+# Polled: bash's `wait -n PID...` skips a child that exited before it was called (between the
+# last check and here) and would wait on for the others.
+while :; do all_alive; sleep 0.5; done

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import httpx
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
-def run_stack(log: Path, stop: signal.Signals = signal.SIGTERM, **env: str) -> Iterator[None]:
+def run_stack(log: Path, stop: signal.Signals = signal.SIGTERM, **env: str) -> Iterator[subprocess.Popen[bytes]]:
     """scripts/run-stack.sh with `env` (and this interpreter), its output in `log`; `stop` sent to all of it."""
     clean = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "API_KEYS", "HOST"}}
     clean.update(PY=sys.executable, TF_CPP_MIN_LOG_LEVEL="2", **env)
@@ -29,9 +29,10 @@ def run_stack(log: Path, stop: signal.Signals = signal.SIGTERM, **env: str) -> I
         process = subprocess.Popen([str(ROOT / "scripts/run-stack.sh")], cwd=ROOT, env=clean, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        yield
+        yield process
     finally:
-        os.killpg(process.pid, stop)
+        with suppress(ProcessLookupError):  # the script may have ended, and stopped its processes, itself
+            os.killpg(process.pid, stop)
         process.wait(30)
 
 
@@ -54,16 +55,91 @@ def test_run_stack_starts_everything_and_prints_the_curl(tmp_path: Path) -> None
         pass
 
 
-def listening_addresses(port: int) -> set[str]:
-    """The local addresses of the TCP sockets listening on `port` (Linux's /proc/net/tcp and tcp6)."""
+LISTEN, TIME_WAIT = "0A", "06"  # TCP states as Linux's /proc/net/tcp writes them
+
+
+def sockets_in(state: str, port: int) -> set[str]:
+    """The local addresses of the TCP sockets in `state` on local `port` (/proc/net/tcp and tcp6)."""
     found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
-            local, state = line.split()[1], line.split()[3]
+            local, socket_state = line.split()[1], line.split()[3]
             address, _, hex_port = local.rpartition(":")
-            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+            if socket_state == state and int(hex_port, 16) == port:
                 found.add(address)
     return found
+
+
+def test_started_again_right_after_a_stop_it_starts_on_the_same_port(tmp_path: Path) -> None:
+    """The connections of the first run's readiness checks are left in TIME_WAIT on the API's port
+    for a minute; the port check took them for a program holding it, so a restart always failed."""
+    port = free_port()
+    with run_stack(tmp_path / "first.log", PORT=str(port)):
+        wait_until(lambda: "curl -N" in (tmp_path / "first.log").read_text(), 120, "the first run's ready message")
+    assert sockets_in(TIME_WAIT, port), "the stop left no TIME_WAIT connection on the port: the case is not tried"
+    log = tmp_path / "second.log"
+    with run_stack(log, PORT=str(port)) as script:
+        wait_until(lambda: "curl -N" in log.read_text() or script.poll() is not None, 120, "the second run's end")
+        assert "curl -N" in log.read_text(), log.read_text()
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz").json()["status"] == "ok"
+
+
+def test_the_port_check_ignores_time_wait_and_finds_a_listener_on_the_address_or_on_all(tmp_path: Path) -> None:
+    def check(host: str, port: int) -> int:
+        return subprocess.run([sys.executable, str(ROOT / "scripts/port_owner.py"), host, str(port), "the API"],
+                              capture_output=True, timeout=30).returncode
+
+    for bound, asked in [("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "127.0.0.1"), ("127.0.0.1", "0.0.0.0")]:
+        with socket.socket() as listener:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn and redis-server do
+            listener.bind((bound, 0))
+            listener.listen()
+            assert check(asked, listener.getsockname()[1]) == 1, f"a listener on {bound} was not seen from {asked}"
+    with socket.socket() as listener:  # a connection the server closed first stays in TIME_WAIT on its port
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()
+        client.recv(1)
+        client.close()
+    assert sockets_in(TIME_WAIT, port) == {"0100007F"}
+    assert check("127.0.0.1", port) == 0 and check("0.0.0.0", port) == 0
+
+
+def pid_of_child(parent: int, *argv: str) -> int:
+    """The pid of the child of `parent` whose command line holds `argv` (from /proc)."""
+    for proc in Path("/proc").iterdir():
+        with suppress(OSError, ValueError):
+            if int((proc / "stat").read_text().rpartition(")")[2].split()[1]) == parent:
+                args = (proc / "cmdline").read_bytes().decode().split("\0")
+                if any(args[i:i + len(argv)] == list(argv) for i in range(len(args))):
+                    return int(proc.name)
+    raise AssertionError(f"no child of {parent} runs {' '.join(argv)}")
+
+
+def test_a_process_that_exits_once_the_stack_is_ready_fails_the_script_with_its_own_last_lines(
+        tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "run.log"
+    with run_stack(log, PORT=str(port)) as script:
+        wait_until(lambda: "curl -N" in log.read_text(), 120, "the ready message")
+        os.kill(pid_of_child(script.pid, "-m", "worker"), signal.SIGKILL)
+        code = script.wait(15)  # within seconds; the rest of the stack stopped with it
+        text = log.read_text()
+    assert code == 1, text
+    assert "mpjobs: the worker exited (code 137); stopping the stack. The last lines of var/log/worker.log:" in text
+    worker_lines = [line for line in (ROOT / "var/log/worker.log").read_text().splitlines() if line.strip()]
+    assert worker_lines and f"\n    {worker_lines[-1]}\n" in text, text  # the worker's own last line, indented
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses of the TCP sockets listening on `port`."""
+    return sockets_in(LISTEN, port)
 
 
 def test_without_api_keys_a_public_host_falls_back_to_loopback_with_a_warning(tmp_path: Path) -> None:
@@ -143,7 +219,7 @@ def test_a_process_that_dies_at_start_fails_fast_with_its_own_last_lines(tmp_pat
     # A malformed API_KEYS makes the API exit as it imports the app, after Redis has started.
     code, text, took = finished(tmp_path / "run.log", stop_after=60, PORT=str(free_port()), API_KEYS="no-tenant")
     assert code == 1, text
-    assert took < 45, f"{took:.0f} s: the script waited for a process that had died"
+    assert took < 15, f"{took:.0f} s: the script waited for a process that had died"
     assert "mpjobs: the API exited (code 1); stopping the stack. The last lines of var/log/api.log:" in text
     assert "API_KEYS entry 1 must be 'key:tenant'." in text  # the API's own error, from its log
     assert "API at" not in text

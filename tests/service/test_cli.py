@@ -187,6 +187,19 @@ def test_metrics_csv_has_one_row_per_step_with_the_api_values(
     assert [json.loads(line) for line in lines] == points
 
 
+def test_delete_of_a_succeeded_job_is_409_with_its_state_and_changes_nothing(
+    finished: tuple[subprocess.CompletedProcess[str], str], client: httpx.Client
+) -> None:
+    _, job_id = finished
+    before = client.get(f"/jobs/{job_id}").json()
+    assert before["state"] == "succeeded"
+    refused = client.delete(f"/jobs/{job_id}")
+    assert refused.status_code == 409 and refused.json()["state"] == "succeeded", refused.text
+    assert refused.json()["detail"] == (f"Job {job_id!r} has already ended (succeeded): there is nothing to cancel. "
+                                        f"To delete it for good: DELETE /jobs/{job_id}?purge=true.")
+    assert client.get(f"/jobs/{job_id}").json() == before
+
+
 @pytest.mark.parametrize("command", ["metrics", "layers"])
 @pytest.mark.parametrize("to_file", [False, True])
 def test_a_csv_of_a_job_that_does_not_exist_writes_nothing(stack: Stack, tmp_path: Path, command: str,

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import httpx
 
+from tests.service.test_cli import mpjobs
+from tests.stack import Stack
+
 
 def test_float32_with_dynamic_scaling_is_accepted_with_a_note(client: httpx.Client) -> None:
     created = client.post("/jobs", json={"model": {"name": "mlp"}, "precision_policy": "float32",
@@ -14,3 +17,14 @@ def test_float32_with_dynamic_scaling_is_accepted_with_a_note(client: httpx.Clie
     assert client.get(f"/jobs/{created.json()['id']}").json()["notes"] == [note]
     plain = client.post("/jobs", json={"model": {"name": "mlp"}, "training": {"steps": 2}}).json()
     assert plain["notes"] == []
+
+
+def test_the_cli_prints_the_note_on_submit(stack: Stack, client: httpx.Client) -> None:
+    scaled = mpjobs(stack, "submit", "--model", "mlp", "--policy", "float32", "--loss-scale", "dynamic",
+                    "--steps", "1", "--samples", "64")
+    assert scaled.returncode == 0, scaled.stderr
+    [note] = client.get(f"/jobs/{scaled.stdout.splitlines()[0]}").json()["notes"]
+    assert note.startswith("Loss scaling has no effect under float32: ")
+    assert scaled.stderr == f"note: {note}\n"  # the job's note, whole, on stderr
+    plain = mpjobs(stack, "submit", "--model", "mlp", "--policy", "float32", "--steps", "1", "--samples", "64")
+    assert plain.returncode == 0 and plain.stderr == "", plain.stderr

@@ -182,6 +182,21 @@ def test_a_step_written_while_the_history_is_read_stops_the_trim(store: JobStore
     assert store.read_metrics(job_id, 0, 1000).points == [*written, late]
 
 
+def test_steps_rewound_and_rewritten_while_the_history_is_read_stop_the_trim(store: JobStore) -> None:
+    job_id, written, _ = ended_job(store, 60, check_every=1000)  # a metrics stream only: no rollup, no check
+    again = records(60, seed=1)[30:]  # a resumed attempt's steps 31..60: as many, the same ids, other values
+
+    def rewrite(jid: str) -> None:
+        store.rewind_metrics(jid, keep_step=30)
+        store.append_steps(jid, again, [])
+        assert store.redis.xlen(metrics_key(jid)) == 60
+
+    assert Archiver(store, retention_s=0, before_trim=rewrite).archive(job_id) == "changed"
+    assert store.archive_info(job_id) is None
+    assert Archiver(store, retention_s=0).archive(job_id) == "archived"
+    assert store.read_metrics(job_id, 0, 1000).points == [*written[:30], *again]
+
+
 def test_a_job_deleted_while_it_is_archived_leaves_no_files(store: JobStore) -> None:
     job_id, _, _ = ended_job(store, 100)
     folder = store.artifacts_dir / job_id / "history"  # type: ignore[operator]

@@ -22,6 +22,7 @@ fails at its first write, the DEL, before any change: the history stays in Redis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -220,8 +221,10 @@ class Archiver:
                         "sweep tries again", job_id, error)
             return "refused"
         if trimmed != "trimmed":
-            if trimmed == "missing":  # deleted meanwhile: leave no files behind
+            if trimmed == "missing":  # deleted meanwhile: leave no files behind, nor its folder if they were all
                 shutil.rmtree(folder, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    folder.parent.rmdir()  # only if empty: the job's other files are the delete's to remove
             log.info("job %s changed while its history was archived; tried again by the next sweep", job_id)
             return "changed"
         log.info("job %s: %d steps, %d rollups, %d layer checks archived to %s in %.2f s", job_id, info.steps,

@@ -207,6 +207,20 @@ def test_a_job_deleted_while_it_is_archived_leaves_no_files(store: JobStore) -> 
 
     assert Archiver(store, retention_s=0, before_trim=delete).archive(job_id) == "changed"
     assert not folder.exists() and not store.redis.exists(job_key(job_id))
+    assert not folder.parent.exists(), "nor its job's folder, left empty"
+
+
+def test_a_job_deleted_while_it_is_archived_keeps_its_other_files(store: JobStore) -> None:
+    job_id, _, _ = ended_job(store, 100)
+    model = store.artifacts_dir / job_id / "model.keras"  # type: ignore[operator]
+    model.parent.mkdir(parents=True)
+    model.write_bytes(b"a model the delete has yet to remove")
+
+    def delete(jid: str) -> None:
+        store.redis.delete(job_key(jid), metrics_key(jid), rollup_key(jid), layers_key(jid))
+
+    assert Archiver(store, retention_s=0, before_trim=delete).archive(job_id) == "changed"
+    assert not (model.parent / "history").exists() and model.read_bytes() == b"a model the delete has yet to remove"
 
 
 def test_a_running_job_is_never_archived(store: JobStore) -> None:

@@ -22,6 +22,7 @@ from app.store.archive import (
     METRICS_FILE,
     RECORD_COLUMN,
     ROLLUPS_FILE,
+    ArchivedHistory,
     ArchiveInfo,
     HistoryCache,
     write_history,
@@ -272,3 +273,17 @@ def test_the_api_keeps_a_few_archives_parsed_and_reopens_one_rewritten(tmp_path:
     for folder in folders[1:]:
         cache.open(folder)
     assert cache.open(folders[1]) is cache.open(folders[1]) and cache.open(folders[0]) is not again, "evicted"
+
+
+def test_an_opened_archive_holds_only_the_steps_and_their_json(tmp_path: Path) -> None:
+    written = records(3000)
+    jsons = [r.model_dump_json() for r in written]
+    write_history(tmp_path, [r.model_dump() for r in written], jsons, [], [])
+    history = ArchivedHistory(tmp_path)
+    assert history.metrics.column_names == ["step", RECORD_COLUMN], "the typed columns stay on disk"
+    # The JSON's bytes, an int32 offset per string (and one more), an int64 per step: nothing else.
+    assert history.metrics.nbytes <= sum(len(j.encode()) for j in jsons) + 4 * (len(jsons) + 1) + 8 * len(jsons)
+    assert list(history.steps) == [r.step for r in written] and history.last_step == 3000
+    assert history.step_records(2990, 5) == written[2990:2995]
+    assert history.records(2990, 2, fields=["step", "loss"]) == [{"step": r.step, "loss": r.loss}
+                                                                 for r in written[2990:2992]]

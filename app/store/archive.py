@@ -18,6 +18,7 @@ a file under its final name is always whole. The files count only once the job r
 from __future__ import annotations
 
 import bisect
+import json
 import os
 import threading
 import types
@@ -45,7 +46,9 @@ METRICS_FILE, ROLLUPS_FILE, LAYERS_FILE = "metrics.parquet", "rollups.parquet", 
 COMPRESSION = "zstd"
 CACHED_HISTORIES = 4
 """Archives an API process keeps parsed, most recently read first: paging through a 100k-step run
-reads its file once, not once per page (about 10 MB of columns per 100k steps)."""
+reads its file once, not once per page. Each holds its steps and their records' JSON (measured for
+100k steps of about 325 B of JSON each: 34 MB), its rollups once a view reads them (1.9 MB) and its
+layer checks once read: about 36 MB per 100k steps, so up to about 145 MB for four such runs."""
 
 
 class ArchiveInfo(BaseModel):
@@ -146,15 +149,24 @@ def _fsync_dir(folder: Path) -> None:
 
 
 class ArchivedHistory:
-    """One job's archive, parsed: its columns in memory, read by step as the Redis streams are.
+    """One job's archive, parsed: its steps and records' JSON in memory (format 1: its typed columns), read by
+    step as the Redis streams are.
 
     The step records are read when it is opened; the rollups and layer checks on first use.
     """
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.metrics: pa.Table = pq.read_table(folder / METRICS_FILE)
-        self.steps: list[int] = self.metrics.column("step").to_pylist()
+        # Format 2: the step and each record's JSON are all that reads need (parsed as the streams' reads parse
+        # it), so the typed columns stay on disk. Format 1 has only those.
+        stored = pq.read_schema(folder / METRICS_FILE).names
+        self.metrics: pa.Table = pq.read_table(folder / METRICS_FILE,
+                                               columns=["step", RECORD_COLUMN] if RECORD_COLUMN in stored else None)
+        column = self.metrics.column("step")
+        steps = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+        # The steps in order, searched in place (a list of Python ints would take 45 B a step).
+        self.steps: Sequence[int] = memoryview(steps.buffers()[1]).cast("q")[steps.offset:steps.offset + len(steps)] \
+            if len(steps) else []
         self._rollups: list[dict[str, Any]] | None = None
         self._layers: tuple[list[int], pa.ChunkedArray] | None = None
 
@@ -165,15 +177,21 @@ class ArchivedHistory:
     def records(self, after_step: int, limit: int | None = None, fields: Sequence[str] | None = None
                 ) -> list[dict[str, Any]]:
         """Step records after `after_step` as dicts, in step order, at most `limit`; only `fields` if given.
-        A field that a file of an older StepRecord lacks is left out (the record's default applies)."""
+        A field that the record (or a file of an older StepRecord) lacks is left out (its default applies)."""
         start = bisect.bisect_right(self.steps, after_step)
         table = self.metrics.slice(start, limit)
+        if RECORD_COLUMN in table.column_names:
+            rows: list[dict[str, Any]] = json.loads(f"[{','.join(table.column(RECORD_COLUMN).to_pylist())}]")
+            return rows if fields is None else [{name: row[name] for name in fields if name in row} for row in rows]
         table = table.select([name for name in (StepRecord.model_fields if fields is None else fields)
                               if name in table.column_names])
-        rows: list[dict[str, Any]] = table.to_pylist()
+        rows = table.to_pylist()
         return rows
 
     def step_records(self, after_step: int, limit: int | None = None) -> list[StepRecord]:
+        if RECORD_COLUMN in self.metrics.column_names:  # validated from the JSON, as a page from Redis is
+            records = self.metrics.column(RECORD_COLUMN).slice(bisect.bisect_right(self.steps, after_step), limit)
+            return _STEP_RECORDS.validate_json(f"[{','.join(records.to_pylist())}]")
         return _STEP_RECORDS.validate_python(self.records(after_step, limit))
 
     def step_jsons(self, after_step: int, limit: int | None = None) -> list[tuple[int, str]]:

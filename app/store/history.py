@@ -1,6 +1,6 @@
 """Reads of a job's metric history wherever it is: its Redis streams, or its archive once its record says so.
 
-The archive replaces the streams in one MULTI/EXEC (app/store/retention.py): the record gains
+The archive replaces the streams in one Lua script (app/store/retention.py): the record gains
 ARCHIVED_FIELD as the streams go. So each read asks Redis first and the record after: if the record
 does not say "archived" yet, the streams were still whole when they were read; if it does, the
 answer comes from the files, whatever the streams said. A page, a view or a layer check reads the

@@ -2,18 +2,27 @@
 
 Order, for one job (`Archiver.archive`):
   1. claim it (SET NX with an expiry), so that two workers never archive it at once;
-  2. WATCH its record and streams, read the streams whole;
+  2. stamp its streams (length, last id, entries ever added, greatest deleted id), read them whole;
   3. write the archive's files completely (app/store/archive.py: temp name, fsync, rename, fsync the folder);
-  4. in one MULTI/EXEC: set the record's ARCHIVED_FIELD, delete the metrics, rollup and layers
-     streams, and take the job off `ended`.
+  4. in one Lua script (TRIM): check the record still exists, has ended and is not archived, and each
+     stream still has its stamp; then delete the metrics, rollup and layers streams, set the record's
+     ARCHIVED_FIELD, and take the job off `ended`.
 A crash before 4 leaves Redis whole: the files are ignored until the record names them, and the
-next pass writes them again. After 4 the archive is whole. A stream or record that changed since 2
-(a step written late, the job deleted) aborts the EXEC: nothing is removed, and a later pass tries again.
-The job record and its events stream stay in Redis; so do the cached views, until they expire.
+next pass writes them again. After 4 the archive is whole. A stream written since 2 (a step written
+late or rewound) or a record deleted meanwhile fails the check: nothing is removed (a deleted job's
+new files are), and a later pass tries again. The job record and its events stream stay in Redis; so
+do the cached views, until they expire.
+
+Over `maxmemory` (noeviction) the archive still runs, since it is what frees memory: Redis refuses to
+queue any command of a MULTI then, so step 4 is a script, not a WATCHed MULTI/EXEC, and Redis checks
+memory only before a script's first write, which is its DEL; the claim is a script allowed to run
+out of memory (a key of about 100 B, expiring). A script Redis refuses (NOREPLICAS, a disk error)
+fails at its first write, the DEL, before any change: the history stays in Redis, and the log says why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -56,10 +65,46 @@ READ_BATCH = 10_000
 SWEEP_BATCH = 100
 """Due jobs taken from `ended` per query of a sweep."""
 
+# Take the claim, over maxmemory too (SET alone is refused there): ARGV[1] the token, ARGV[2] its expiry in ms.
+CLAIM = """#!lua flags=allow-oom
+return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+"""
 # Drop the claim only if it is still ours (it may have expired and been taken by another worker).
 RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
+"""
+# A stream's stamp: what changes with each write to it (XADD adds an entry, XDEL and XTRIM change its
+# length, the rewind's XSETID its last id); '' when there is none.
+STAMP = """
+local function stamp(key)
+  if redis.call('EXISTS', key) == 0 then return '' end
+  local info, found = redis.call('XINFO', 'STREAM', key), {}
+  for i = 1, #info, 2 do found[info[i]] = info[i + 1] end
+  return table.concat({found['length'], found['last-generated-id'], found['entries-added'],
+                       found['max-deleted-entry-id']}, ' ')
+end
+"""
+# KEYS: the streams.
+STAMPS = STAMP + """
+local stamps = {}
+for i = 1, #KEYS do stamps[i] = stamp(KEYS[i]) end
+return stamps
+"""
+# KEYS: the job record, `ended`, the streams. ARGV: the job id, ARCHIVED_FIELD, the ArchiveInfo JSON ('' for no
+# history), the ended states, the streams' stamps. No shebang, so no memory check past the first write: the DEL
+# goes first, and the HSET after it runs over maxmemory too.
+TRIM = STAMP + """
+local state, archived = unpack(redis.call('HMGET', KEYS[1], 'state', ARGV[2]))
+if not state then return 'missing' end
+if archived or not string.find(' ' .. ARGV[4] .. ' ', ' ' .. state .. ' ', 1, true) then return 'changed' end
+for i = 3, #KEYS do
+  if stamp(KEYS[i]) ~= ARGV[i + 2] then return 'changed' end
+end
+redis.call('DEL', unpack(KEYS, 3))
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) end
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 'trimmed'
 """
 
 
@@ -78,7 +123,8 @@ class Archiver:
                              "Received: artifacts_dir=None")
         self.store, self.retention_s, self.claim_s, self.before_trim = store, retention_s, claim_s, before_trim
         self.artifacts_dir = store.artifacts_dir
-        self._release = store.redis.register_script(RELEASE)
+        self._claim, self._release, self._stamps, self._trim = (
+            store.redis.register_script(lua) for lua in (CLAIM, RELEASE, STAMPS, TRIM))
         self._indexed = False
 
     def index_ended(self) -> int:
@@ -107,8 +153,11 @@ class Archiver:
         """Archive every due job this worker can claim; returns those it archived. A job that fails stays
         due (logged) and is tried again by the next sweep. The first sweep indexes older ended jobs first."""
         if not self._indexed:
-            log.info("%d ended jobs from before the archive indexed", self.index_ended())
-            self._indexed = True
+            try:
+                log.info("%d ended jobs from before the archive indexed", self.index_ended())
+                self._indexed = True
+            except redis.RedisError as error:  # over maxmemory, say: archive what is indexed, which frees memory
+                log.warning("ended jobs from before the archive not indexed (%s); the next sweep tries again", error)
         archived: list[str] = []
         tried: set[str] = set()
         while True:
@@ -126,66 +175,75 @@ class Archiver:
     def archive(self, job_id: str) -> str:
         """Archive one ended job's history. Returns what happened: "archived"; "already archived" or
         "missing" or "no history" (nothing to do); "not ended"; "claimed" (another worker is archiving it); "changed"
-        (its record or streams changed while it was read: nothing removed, the next sweep tries again)."""
+        (its record or streams changed while it was read: nothing removed, the next sweep tries again); "refused"
+        (Redis refused the trim, logged with its reason: nothing removed, the next sweep tries again)."""
         claim, token = archive_claim_key(job_id), uuid.uuid4().hex
-        if not self.store.redis.set(claim, token, nx=True, px=int(self.claim_s * 1000)):
+        if not self._claim(keys=[claim], args=[token, int(self.claim_s * 1000)]):
             return "claimed"
         try:
             return self._archive(job_id)
         finally:
-            self._release(keys=[claim], args=[token])
+            try:
+                self._release(keys=[claim], args=[token])
+            except redis.RedisError as error:  # what happened stands; the claim lapses after claim_s
+                log.warning("job %s: archive claim not dropped (%s); it lapses in %.0f s", job_id, error,
+                            self.claim_s)
 
     def _archive(self, job_id: str) -> str:
         r = self.store.redis
         streams = [metrics_key(job_id), rollup_key(job_id), layers_key(job_id)]
-        with r.pipeline(transaction=True) as pipe:
-            pipe.watch(job_key(job_id), *streams)  # type: ignore[no-untyped-call]
-            state, archived = pipe.hmget(job_key(job_id), ["state", ARCHIVED_FIELD])
-            if state is None or archived is not None:
-                pipe.zrem(ENDED, job_id)  # deleted, or archived by an earlier pass
-                return "missing" if state is None else "already archived"
-            if not JobState(state).terminal:
-                return "not ended"
-            if not any(pipe.exists(key) for key in streams):  # no history (canceled before it ran): no files
-                pipe.multi()
-                pipe.zrem(ENDED, job_id)
-                pipe.execute()
-                return "no history"
-            started = time.monotonic()
-            step_json = [f[STEP_FIELD] for _, f in _read_all(pipe, streams[0])]
-            steps = _parse(step_json)
-            stored = _read_all(pipe, streams[1])
-            rollups = list(zip([number_of(i) for i, _ in stored], _parse([f[ROLLUP_FIELD] for _, f in stored]),
-                               strict=True))
-            layers = [(number_of(i), f[LAYERS_FIELD]) for i, f in _read_all(pipe, streams[2])]
-            info = ArchiveInfo(dir=history_dir(job_id), steps=len(steps), rollups=len(rollups),
-                               layer_checks=len(layers), archived_at=clock.iso())
-            folder = self.artifacts_dir / info.dir
-            write_history(folder, steps, step_json, rollups, layers)
-            if self.before_trim is not None:
-                self.before_trim(job_id)
-            pipe.multi()
-            pipe.hset(job_key(job_id), ARCHIVED_FIELD, info.model_dump_json())
-            pipe.delete(*streams)
-            pipe.zrem(ENDED, job_id)
-            try:
-                pipe.execute()
-            except redis.WatchError:
-                if not r.exists(job_key(job_id)):  # deleted meanwhile: leave no files behind
-                    shutil.rmtree(folder, ignore_errors=True)
-                log.info("job %s changed while its history was archived; tried again by the next sweep", job_id)
-                return "changed"
+        state, archived = r.hmget(job_key(job_id), ["state", ARCHIVED_FIELD])
+        if state is None or archived is not None:
+            r.zrem(ENDED, job_id)  # deleted, or archived by an earlier pass
+            return "missing" if state is None else "already archived"
+        if not JobState(state).terminal:
+            return "not ended"
+        stamps: list[str] = self._stamps(keys=streams)
+        if not any(stamps):  # no history (canceled before it ran): no files
+            return "no history" if self._trim_streams(job_id, streams, stamps, "") == "trimmed" else "changed"
+        started = time.monotonic()
+        step_json = [f[STEP_FIELD] for _, f in _read_all(r, streams[0])]
+        steps = _parse(step_json)
+        stored = _read_all(r, streams[1])
+        rollups = list(zip([number_of(i) for i, _ in stored], _parse([f[ROLLUP_FIELD] for _, f in stored]),
+                           strict=True))
+        layers = [(number_of(i), f[LAYERS_FIELD]) for i, f in _read_all(r, streams[2])]
+        info = ArchiveInfo(dir=history_dir(job_id), steps=len(steps), rollups=len(rollups),
+                           layer_checks=len(layers), archived_at=clock.iso())
+        folder = self.artifacts_dir / info.dir
+        write_history(folder, steps, step_json, rollups, layers)
+        if self.before_trim is not None:
+            self.before_trim(job_id)
+        try:
+            trimmed = self._trim_streams(job_id, streams, stamps, info.model_dump_json())
+        except redis.ResponseError as error:
+            log.warning("job %s: Redis refused to trim its archived history (%s); it stays in Redis, and the next "
+                        "sweep tries again", job_id, error)
+            return "refused"
+        if trimmed != "trimmed":
+            if trimmed == "missing":  # deleted meanwhile: leave no files behind, nor its folder if they were all
+                shutil.rmtree(folder, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    folder.parent.rmdir()  # only if empty: the job's other files are the delete's to remove
+            log.info("job %s changed while its history was archived; tried again by the next sweep", job_id)
+            return "changed"
         log.info("job %s: %d steps, %d rollups, %d layer checks archived to %s in %.2f s", job_id, info.steps,
                  info.rollups, info.layer_checks, folder, time.monotonic() - started)
         return "archived"
 
+    def _trim_streams(self, job_id: str, streams: list[str], stamps: list[str], info: str) -> str:
+        """Run TRIM: "trimmed", or why not ("missing", "changed")."""
+        terminal = " ".join(s.value for s in TERMINAL_STATES)
+        return str(self._trim(keys=[job_key(job_id), ENDED, *streams],
+                              args=[job_id, ARCHIVED_FIELD, info, terminal, *stamps]))
 
-def _read_all(pipe: Any, key: str) -> list[tuple[str, dict[str, str]]]:
-    """Every entry of stream `key`, READ_BATCH at a time (on a WATCHing pipeline: each call runs at once)."""
+
+def _read_all(r: Any, key: str) -> list[tuple[str, dict[str, str]]]:
+    """Every entry of stream `key`, READ_BATCH at a time."""
     entries: list[tuple[str, dict[str, str]]] = []
     low = "-"
     while True:
-        batch = pipe.xrange(key, min=low, max="+", count=READ_BATCH)
+        batch = r.xrange(key, min=low, max="+", count=READ_BATCH)
         entries += batch
         if len(batch) < READ_BATCH:
             return entries

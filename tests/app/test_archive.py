@@ -22,6 +22,7 @@ from app.store.archive import (
     METRICS_FILE,
     RECORD_COLUMN,
     ROLLUPS_FILE,
+    ArchivedHistory,
     ArchiveInfo,
     HistoryCache,
     write_history,
@@ -182,6 +183,21 @@ def test_a_step_written_while_the_history_is_read_stops_the_trim(store: JobStore
     assert store.read_metrics(job_id, 0, 1000).points == [*written, late]
 
 
+def test_steps_rewound_and_rewritten_while_the_history_is_read_stop_the_trim(store: JobStore) -> None:
+    job_id, written, _ = ended_job(store, 60, check_every=1000)  # a metrics stream only: no rollup, no check
+    again = records(60, seed=1)[30:]  # a resumed attempt's steps 31..60: as many, the same ids, other values
+
+    def rewrite(jid: str) -> None:
+        store.rewind_metrics(jid, keep_step=30)
+        store.append_steps(jid, again, [])
+        assert store.redis.xlen(metrics_key(jid)) == 60
+
+    assert Archiver(store, retention_s=0, before_trim=rewrite).archive(job_id) == "changed"
+    assert store.archive_info(job_id) is None
+    assert Archiver(store, retention_s=0).archive(job_id) == "archived"
+    assert store.read_metrics(job_id, 0, 1000).points == [*written[:30], *again]
+
+
 def test_a_job_deleted_while_it_is_archived_leaves_no_files(store: JobStore) -> None:
     job_id, _, _ = ended_job(store, 100)
     folder = store.artifacts_dir / job_id / "history"  # type: ignore[operator]
@@ -192,6 +208,20 @@ def test_a_job_deleted_while_it_is_archived_leaves_no_files(store: JobStore) -> 
 
     assert Archiver(store, retention_s=0, before_trim=delete).archive(job_id) == "changed"
     assert not folder.exists() and not store.redis.exists(job_key(job_id))
+    assert not folder.parent.exists(), "nor its job's folder, left empty"
+
+
+def test_a_job_deleted_while_it_is_archived_keeps_its_other_files(store: JobStore) -> None:
+    job_id, _, _ = ended_job(store, 100)
+    model = store.artifacts_dir / job_id / "model.keras"  # type: ignore[operator]
+    model.parent.mkdir(parents=True)
+    model.write_bytes(b"a model the delete has yet to remove")
+
+    def delete(jid: str) -> None:
+        store.redis.delete(job_key(jid), metrics_key(jid), rollup_key(jid), layers_key(jid))
+
+    assert Archiver(store, retention_s=0, before_trim=delete).archive(job_id) == "changed"
+    assert not (model.parent / "history").exists() and model.read_bytes() == b"a model the delete has yet to remove"
 
 
 def test_a_running_job_is_never_archived(store: JobStore) -> None:
@@ -243,3 +273,17 @@ def test_the_api_keeps_a_few_archives_parsed_and_reopens_one_rewritten(tmp_path:
     for folder in folders[1:]:
         cache.open(folder)
     assert cache.open(folders[1]) is cache.open(folders[1]) and cache.open(folders[0]) is not again, "evicted"
+
+
+def test_an_opened_archive_holds_only_the_steps_and_their_json(tmp_path: Path) -> None:
+    written = records(3000)
+    jsons = [r.model_dump_json() for r in written]
+    write_history(tmp_path, [r.model_dump() for r in written], jsons, [], [])
+    history = ArchivedHistory(tmp_path)
+    assert history.metrics.column_names == ["step", RECORD_COLUMN], "the typed columns stay on disk"
+    # The JSON's bytes, an int32 offset per string (and one more), an int64 per step: nothing else.
+    assert history.metrics.nbytes <= sum(len(j.encode()) for j in jsons) + 4 * (len(jsons) + 1) + 8 * len(jsons)
+    assert list(history.steps) == [r.step for r in written] and history.last_step == 3000
+    assert history.step_records(2990, 5) == written[2990:2995]
+    assert history.records(2990, 2, fields=["step", "loss"]) == [{"step": r.step, "loss": r.loss}
+                                                                 for r in written[2990:2992]]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import redis
 from redis import Redis
@@ -18,7 +19,9 @@ from app.core.records import Summary
 from app.core.spec import ComparisonSpec, JobSpec
 from app.store import JobStore
 from app.store import queue as queues
-from app.store.keys import job_key, lease_key
+from app.store.archive import METRICS_FILE
+from app.store.keys import ENDED, job_key, lease_key, metrics_key
+from app.store.retention import Archiver
 from app.store.rollup import ROLLUP_STEPS, Rollup
 from tests.app.test_layer_checks import check
 from tests.app.test_missing_steps import record
@@ -152,6 +155,21 @@ def test_a_purge_leaves_no_key_no_member_no_rq_record_and_no_folder_of_the_job(
     assert [job.id for job in store.list(TENANT, None, 10, None)[0]] == [kept]
     with pytest.raises(JobNotFound):
         purge.purge_job(store, rq, settings, job_id, TENANT)
+
+
+def test_a_purge_of_an_archived_job_leaves_no_key_no_member_and_no_folder_of_it(
+        server: RedisServer, store: JobStore, rq: Redis, settings: Settings) -> None:
+    job_id = ended_job(store, rq, settings)
+    archiving = JobStore(store.redis, settings.artifacts_dir)
+    assert Archiver(archiving, retention_s=0).archive(job_id) == "archived"
+    history = settings.job_dir(job_id) / "history"
+    assert pq.read_table(history / METRICS_FILE).num_rows == STEPS, "a real archive, not the planted file"
+    assert archiving.read_metrics(job_id, 0, 10).points[0].step == 1, "read from the archive"
+    assert not store.redis.exists(metrics_key(job_id)) and len(traces(server, job_id)) >= 5
+    purge.purge_job(store, rq, settings, job_id, TENANT)
+    assert traces(server, job_id) == []
+    assert not history.exists() and not settings.job_dir(job_id).exists()
+    assert store.redis.zscore(ENDED, job_id) is None and archiving.archive_info(job_id) is None
 
 
 def test_another_tenant_gets_not_found_and_the_job_stays_whole(

@@ -33,6 +33,19 @@ adds, so its load time grows with the square of its layers (measured as above: 1
 3.2/17.2/54.1 s; in issue 17's run, 800 took 149 s and 1,500 held a worker 258 s, then failed on
 Python's recursion limit)."""
 KERAS_MODELS = frozenset({"Sequential", "Functional", "Model"})
+KERAS_MODULES = frozenset({
+    "keras", "keras.layers", "keras.initializers", "keras.regularizers", "keras.constraints",
+    "keras.src.models.functional",  # a Functional nested in a model
+    "keras.dtype_policies", "keras.quantizers",  # a model after Model.quantize()
+    "keras.optimizers", "keras.optimizers.schedules", "keras.losses", "keras.metrics",  # a compiled model's
+    "keras.src.ops.core", "keras.src.ops.einops", "keras.src.ops.image", "keras.src.ops.linalg",  # x + y, keras.ops
+    "keras.src.ops.math", "keras.src.ops.nn", "keras.src.ops.numpy",  # on a Functional's tensors
+    "keras.src.applications.convnext", "keras.src.applications.inception_resnet_v2",  # their own layers
+})
+"""Every `module` Keras 3.15 writes in model.to_json(), found by serializing its layers, initializers,
+regularizers, constraints, activations, dtype policies, optimizers, losses, metrics, ops and applications
+(tests/app/test_schemas.py::test_every_module_keras_writes_is_allowed_and_each_allowed_one_is_written).
+The API never imports Keras, so the list is kept here. A config naming another module is refused."""
 
 
 # --- model -----------------------------------------------------------------
@@ -176,17 +189,22 @@ class KerasJsonModel(Strict):
         return name
 
 
-def walk_config(node: Any, depth: int = 0) -> Iterator[dict[str, Any]]:
+def walk_config(node: Any) -> Iterator[dict[str, Any]]:
     """Every dict in a Keras config, depth first; refuses absurd nesting."""
+    return (found for _, found in walk_config_paths(node))
+
+
+def walk_config_paths(node: Any, path: str = "", depth: int = 0) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every dict in a Keras config with its path in it (`config.layers[1].config`), depth first."""
     if depth > MAX_KERAS_JSON_DEPTH:
         raise ValueError(f"model.keras_json is nested deeper than {MAX_KERAS_JSON_DEPTH} levels.")
     if isinstance(node, dict):
-        yield node
-        for value in node.values():
-            yield from walk_config(value, depth + 1)
+        yield path, node
+        for key, value in node.items():
+            yield from walk_config_paths(value, f"{path}.{key}" if path else str(key), depth + 1)
     elif isinstance(node, list):
-        for value in node:
-            yield from walk_config(value, depth + 1)
+        for index, value in enumerate(node):
+            yield from walk_config_paths(value, f"{path}[{index}]", depth + 1)
 
 
 def check_keras_json(text: str) -> dict[str, Any]:
@@ -197,12 +215,12 @@ def check_keras_json(text: str) -> dict[str, Any]:
         config = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise ValueError(f"model.keras_json is not valid JSON: {exc}") from None
-    if not isinstance(config, dict) or config.get("class_name") not in KERAS_MODELS:
+    if not isinstance(config, dict) or not _is_model(config):
         raise ValueError(
             "model.keras_json must be a Sequential or Functional model from model.to_json(). "
             f"Received: class_name={config.get('class_name') if isinstance(config, dict) else None!r}"
         )
-    for node in walk_config(config):
+    for path, node in walk_config_paths(config):
         name = node.get("class_name")
         if name is None:
             continue
@@ -211,9 +229,10 @@ def check_keras_json(text: str) -> dict[str, Any]:
                 "model.keras_json contains a Lambda layer, which runs code; only built-in layers are allowed."
             )
         module = node.get("module", "keras")
-        if not isinstance(module, str) or not (module == "keras" or module.startswith("keras.")):
-            raise ValueError(f"model.keras_json uses {name!r} from module {module!r}; only Keras's own classes "
-                             "(module 'keras' or 'keras.*') are allowed.")
+        if not isinstance(module, str) or module not in KERAS_MODULES:
+            field = f"{path}.module" if path else "module"
+            raise ValueError(f"model.keras_json's {field} is {module!r} (for {name!r}); it must be one of Keras's "
+                             f"own modules: {', '.join(map(repr, sorted(KERAS_MODULES)))}.")
         registered = node.get("registered_name")
         if registered is not None and registered != name:
             raise ValueError(
@@ -226,10 +245,15 @@ def check_keras_json(text: str) -> dict[str, Any]:
     return config
 
 
+def _is_model(node: dict[str, Any]) -> bool:
+    name = node.get("class_name")
+    return isinstance(name, str) and name in KERAS_MODELS  # a list or dict would not hash
+
+
 def _layers_of(node: dict[str, Any]) -> list[Any] | None:
     """A model's own layer configs, or None for a layer that is not a model."""
     config = node.get("config")
-    layers = config.get("layers") if node.get("class_name") in KERAS_MODELS and isinstance(config, dict) else None
+    layers = config.get("layers") if _is_model(node) and isinstance(config, dict) else None
     return layers if isinstance(layers, list) else None
 
 

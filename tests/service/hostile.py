@@ -39,6 +39,9 @@ BODIES: dict[str, tuple[bytes, tuple[str | int, ...]]] = {
         b'{"model": {"keras_json": "{\\"class_name\\": \\"Sequential\\", \\"config\\": {\\"layers\\": [{\\"module\\": '
         b'\\"kerasevil.layers\\", \\"class_name\\": \\"Dense\\", \\"config\\": {}}]}}", "loss": "mse"}}',
         ("model", "keras_json", "keras_json")),
+    "class-name-as-an-object": (  # a dict does not hash: looked up in a set, it raised TypeError
+        b'{"model": {"keras_json": "{\\"class_name\\": {}, \\"config\\": {\\"layers\\": []}}", "loss": "mse"}}',
+        ("model", "keras_json", "keras_json")),
     "sequential-of-1500-dense": (
         b'{"model": {"keras_json": %b, "loss": "mse"}}' % json.dumps(_sequential_of_dense(1500)).encode(),
         ("model", "keras_json", "keras_json")),

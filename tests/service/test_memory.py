@@ -1,4 +1,5 @@
-"""A worker's memory goes back to its idle baseline after a job, one that succeeded or one that failed.
+"""A worker's memory goes back to its idle baseline after a job: one that succeeded, one that failed, and one
+canceled while it built its model.
 
 Read from the worker process itself (`/proc/<pid>/status`): VmRSS idle, and VmHWM, its peak since the
 peak was reset, to show each job did take the memory it then gave back.
@@ -6,6 +7,7 @@ peak was reset, to show each job did take the memory it then gave back.
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.service.test_hostile_jobs import slow_to_load
 from tests.stack import Stack, private_stack, wait_until
 
 MIB = 2**20
@@ -26,6 +29,24 @@ BIG_MLP_BYTES = (8192 * 8192 + 8192 + 8192 * 10 + 10) * 4 * 4  # float32 weights
 # attention layer whose scores for 64 rows of 8192 tokens need terabytes: it fails out_of_memory.
 UNFIT_TRANSFORMER = {"name": "transformer", "seq_len": 8192, "vocab_size": 131_072, "d_model": 1024, "heads": 128,
                      "layers": 1, "ffn_dim": 8, "classes": 2}
+
+
+WIDE = 8192
+WIDE_BYTES = 2 * (WIDE * WIDE + WIDE) * 4
+"""Two Dense(8192) on 8192 inputs, float32: the weights a model canceled while it builds has made (537 MB)."""
+
+
+def wide_then_slow() -> dict[str, Any]:
+    """A Sequential whose first two layers hold WIDE_BYTES, then Dense(4) layers up to the most allowed (Keras
+    takes seconds to load them): a cancel lands while the model builds, with its wide weights made."""
+    spec = slow_to_load()
+    config = json.loads(spec["model"]["keras_json"])
+    layers = config["config"]["layers"]
+    layers[0]["config"]["batch_shape"] = [None, WIDE]
+    for layer in layers[1:3]:
+        layer["config"]["units"] = WIDE
+    spec["model"]["keras_json"] = json.dumps(config)
+    return spec
 
 
 def status(pid: int) -> dict[str, int]:
@@ -70,4 +91,19 @@ def test_an_idle_workers_memory_returns_to_its_baseline_after_each_job(tmp_path:
         after = status(pid)
         assert after["VmHWM"] - baseline > BIG_MLP_BYTES, (baseline, after)
         assert after["VmRSS"] - baseline < MARGIN, f"idle {after['VmRSS'] / MIB:.0f} MiB after a failed job, " \
+                                                   f"{baseline / MIB:.0f} MiB before"
+        # Canceled while it builds its model, its wide weights made: the likeliest job to leave them behind.
+        reset_peak(pid)
+        response = client.post("/jobs", json=wide_then_slow())
+        assert response.status_code == 201, response.text
+        job_id = response.json()["id"]
+        wait_until(lambda: status(pid)["VmRSS"] - baseline > WIDE_BYTES, 120, "the wide layers' weights")
+        assert client.delete(f"/jobs/{job_id}").status_code == 202
+        job = stack.wait_for_state(client, job_id, {"succeeded", "failed", "canceled"}, timeout=60)
+        assert job["error"] == {"reason": "canceled", "message": "Canceled while building the model."}, job
+        wait_until(lambda: stack.redis.client().hget(f"rq:worker:{socket.gethostname()}.{pid}", "state") == "idle",
+                   60, "the worker to be idle")
+        after = status(pid)
+        assert after["VmHWM"] - baseline > WIDE_BYTES, (baseline, after)
+        assert after["VmRSS"] - baseline < MARGIN, f"idle {after['VmRSS'] / MIB:.0f} MiB after a canceled job, " \
                                                    f"{baseline / MIB:.0f} MiB before"

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import gc
+import logging
 from pathlib import Path
 
+import keras
 import pytest
 
-from app.core.errors import FailureReason, JobFailed
+from app.core.errors import FailureReason, JobFailed, OutOfMemory
 from tests.worker.conftest import Train, spec_of
-from worker.engine import release_memory
-from worker.memory import free_ram
+from worker import memory
+from worker.engine import make_optimizer, release_memory
+from worker.memory import check_fits, free_gpu, free_ram
+from worker.models import build_model
 
 GIB = 2**30
 MEMINFO = "MemTotal:       32000000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n"
@@ -73,6 +77,71 @@ def test_a_model_whose_training_cannot_fit_fails_out_of_memory_before_any_step(t
     assert "of RAM" in message and message.endswith("Fix: a smaller training.batch_size or model, or a worker with "
                                                     "more memory.")
     assert not (out / "checkpoint.npz").exists()
+
+
+MLP_TRAINABLE = 1024 * 1024 + 1024 + 1024 * 10 + 10
+"""mlp(input_dim=1024, hidden_units=1024, classes=10): its two Dense layers' kernels and biases."""
+MLP_OUTPUTS = 1024 + 1024 + 10 + 10
+"""Per sample: the input, the hidden Dense, the last Dense, the float32 softmax."""
+
+
+def by_hand_gib(value: int) -> str:
+    return f"{value / GIB:.2g} GiB"  # all the sizes here are under 1 GiB
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_on_a_gpu_a_model_is_checked_against_the_gpus_free_memory(monkeypatch: pytest.MonkeyPatch,
+                                                                  devices: int) -> None:
+    """float32 and Adam, 256 rows a step: gradients (4 bytes a weight) and the kept outputs with their gradients
+    (4 bytes each, x 2), per GPU: each GPU holds a whole replica and trains its share of the rows."""
+    spec = spec_of(model={"name": "mlp", "input_dim": 1024, "hidden_units": 1024, "classes": 10},
+                   training={"batch_size": 256, "devices": devices})
+    keras.utils.set_random_seed(0)
+    model = build_model(spec, on_cpu_tf=True).model
+    optimizer = make_optimizer(spec)
+    optimizer.build(model.trainable_variables)
+    gradients, activations = MLP_TRAINABLE * 4, 256 // devices * MLP_OUTPUTS * 4 * 2
+    needed = gradients + activations
+
+    def no_ram() -> None:
+        raise AssertionError("a GPU job was checked against the host's RAM")
+
+    monkeypatch.setattr(memory, "free_ram", no_ram)
+    monkeypatch.setattr(memory, "free_gpu", lambda: (needed, "GPU memory"))
+    check_fits(model, optimizer, spec, "gpu")  # exactly what it needs: it fits
+    monkeypatch.setattr(memory, "free_gpu", lambda: (needed - 1, "GPU memory"))
+    with pytest.raises(OutOfMemory):
+        check_fits(model, optimizer, spec, "gpu")
+    free = needed // 3
+    monkeypatch.setattr(memory, "free_gpu", lambda: (free, "GPU memory"))
+    with pytest.raises(OutOfMemory) as raised:
+        check_fits(model, optimizer, spec, "gpu")
+    assert raised.value.reason is FailureReason.OUT_OF_MEMORY
+    built = 3 * MLP_TRAINABLE * 4  # the weights and Adam's two slots (its step counter is below the rounding)
+    assert raised.value.message == (
+        f"Out of memory before training: this float32 model of {MLP_TRAINABLE:,} parameters needs about "
+        f"{by_hand_gib(needed)} more to train (gradients {by_hand_gib(gradients)}, activations for "
+        f"training.batch_size=256 {by_hand_gib(activations)}) beyond its {by_hand_gib(built)} of weights and "
+        f"optimizer state, and the worker has {by_hand_gib(free)} of GPU memory free. "
+        "Fix: a smaller training.batch_size or model, or a worker with more memory.")
+
+
+def test_free_gpu_memory_is_the_allocators_limit_less_what_it_holds(monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU"):  # this machine: no GPU, so no figure, and no check
+        with caplog.at_level(logging.WARNING, logger="worker.memory"):
+            assert free_gpu() is None
+        assert "free GPU memory unknown; training without the memory check" in caplog.text
+    else:
+        found = free_gpu()
+        assert found is not None and 0 < found[0] <= memory._tensorflow_gpu_limit() and found[1] == "GPU memory"
+    # The figure, from what TensorFlow's allocator was given and what it holds now.
+    monkeypatch.setattr(memory, "_tensorflow_gpu_limit", lambda: 80 * GIB)
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info",
+                        lambda device: {"current": 30 * GIB, "peak": 50 * GIB} if device == "GPU:0" else {})
+    assert free_gpu() == (50 * GIB, "GPU memory")
 
 
 def live_step_graphs() -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import AbstractContextManager
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from worker import engine
 from worker import speed as speed_module
 from worker.devices import DeviceInfo, slow_precision_message
 from worker.engine import make_optimizer
+from worker.lifecycle import TimeLimit
 from worker.speed import ROUNDS, float32_twin, measure, measure_all, variant_spec
 
 CPU = DeviceInfo("cpu", "Test CPU", "tensorflow", None, frozenset({"avx2", "avx512_bf16"}))
@@ -251,6 +253,41 @@ def test_a_stop_during_the_check_abandons_it() -> None:
     assert measure(spec, *cnn_batches(spec, 2), on_cpu_tf=True, make_optimizer=make_optimizer,
                    should_stop=after_two_pieces) is None
     assert len(asked) == 3
+
+
+SPEED_PHASE = "measuring speed against float32"
+
+
+def test_the_time_limit_running_out_during_the_check_abandons_it_and_the_job_succeeds(
+        train: Train, checked: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The attempt's time limit, reached once training has ended: the check trains no piece, the job has its steps."""
+    limit = TimeLimit(3600, "training.max_seconds", time.monotonic() + 3600)
+    real_phase, pieces, expired_at = engine.phase, [], []
+
+    def phase_that_runs_out(name: str) -> AbstractContextManager[None]:
+        if name == SPEED_PHASE:  # the deadline is the moment the check begins, as a real one may be
+            object.__setattr__(limit, "deadline", time.monotonic())
+            expired_at.append(limit.deadline)
+        return real_phase(name)
+
+    real_piece = speed_module._Side.piece
+
+    def counted_piece(side: Any, x: np.ndarray, y: np.ndarray) -> None:
+        pieces.append(time.monotonic())
+        real_piece(side, x, y)
+
+    monkeypatch.setattr(engine, "phase", phase_that_runs_out)
+    monkeypatch.setattr(speed_module._Side, "piece", counted_piece)
+    spec = spec_of(precision_policy="mixed_bfloat16", training={"steps": 8, "batch_size": 8},
+                   dataset={"samples": 64}, model={"name": "mlp", "input_dim": 16, "hidden_units": 8})
+    with caplog.at_level(logging.INFO, logger="worker.speed"):
+        result, reporter = train(spec, settings=checked, limit=limit)
+    assert expired_at and limit.passed()  # the check began, and the limit had run out by its first piece
+    assert result.status == "succeeded" and result.model_path is not None and result.model_path.exists()
+    assert [r.step for r in reporter.records] == list(range(1, 9))
+    assert result.summary.precision_speed is None  # no figure: the check was abandoned, not run
+    assert pieces == []  # before its first timed piece: at most the copies' building and one warm-up step each
+    assert "speed check abandoned" in caplog.text
 
 
 def test_the_float32_twin_changes_only_the_precision() -> None:

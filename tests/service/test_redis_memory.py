@@ -3,6 +3,7 @@ its maxmemory (or over it) answers 503 to new jobs with the reason, writing noth
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -52,6 +53,10 @@ def gauges(client: httpx.Client) -> dict[str, float]:
             if s.name.startswith("mpjobs_redis_")}
 
 
+def reads_limit(client: httpx.Client, limit: int) -> bool:
+    return memory_of(client)["maxmemory_bytes"] == limit
+
+
 def used_memory(stack: Stack) -> int:
     return int(stack.redis.client().info("memory")["used_memory"])
 
@@ -97,14 +102,17 @@ def test_a_create_redis_refuses_as_out_of_memory_is_503_and_writes_nothing_and_d
     with httpx.Client(base_url=base, timeout=30) as client:
         ended = client.post("/jobs", json=SPEC).json()["id"]
         assert client.delete(f"/jobs/{ended}").json()["state"] == "canceled"
-        # Room by every reading, until the job's 900 kB record is written: Redis refuses it inside the EXEC.
-        r.config_set("maxmemory", used_memory(stack) + 400_000)
-        wait_until(lambda: memory_of(client)["maxmemory_bytes"] != 0, 10, "the API to read the new limit")
         before = snapshot(stack.redis)
-        response = client.post("/jobs", json={"model": {"keras_json": padded_keras_json(900_000), "loss": "huber"}})
-        assert response.status_code == 503, response.text
-        assert "and refused a write as out of memory: no new job is taken, and nothing was written" in \
-            response.json()["detail"]
+        big = {"model": {"keras_json": padded_keras_json(900_000), "loss": "huber"}}
+        for path, body in (("/jobs", big), ("/comparisons", {"spec": big})):  # a comparison writes all its jobs
+            # Room by every reading, until the 900 kB record is written: Redis refuses it inside the EXEC.
+            limit = used_memory(stack) + 400_000
+            r.config_set("maxmemory", limit)
+            wait_until(functools.partial(reads_limit, client, limit), 10, "the API to read the new limit")
+            response = client.post(path, json=body, headers={"Idempotency-Key": f"oom-{path}"})
+            assert response.status_code == 503, response.text
+            assert "and refused a write as out of memory: no new job is taken, and nothing was written" in \
+                response.json()["detail"]
         after = snapshot(stack.redis)
         after.pop(b"mpjobs:seq"), before.pop(b"mpjobs:seq")  # the creation counter may move: it numbers, holds nothing
         assert after == before

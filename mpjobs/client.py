@@ -15,6 +15,7 @@ from app.core.job import JobPage, JobState
 from mpjobs.comparison import Comparison
 from mpjobs.errors import BadResponse, mapped, raise_for
 from mpjobs.job import Job
+from mpjobs.reading import read
 from mpjobs.specs import as_dict, job_spec, variant
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -81,15 +82,15 @@ class Client:
         body = job_spec(spec, policy=policy, loss_scale=loss_scale, steps=steps, batch_size=batch_size,
                         learning_rate=learning_rate, loss=loss, name=name, device=device)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return Job(self, JobResource.model_validate(self.request("POST", "/jobs", json=body, headers=headers)))
+        return Job(self, read(JobResource, self.request("POST", "/jobs", json=body, headers=headers)))
 
     def job(self, job_id: str) -> Job:
-        return Job(self, JobResource.model_validate(self.request("GET", f"/jobs/{job_id}")))
+        return Job(self, read(JobResource, self.request("GET", f"/jobs/{job_id}")))
 
     def jobs(self, state: JobState | str | None = None, limit: int = 50, cursor: str | None = None) -> JobPage:
         """One page of jobs, newest first; pass `next_cursor` as `cursor` for the next."""
         params = {k: v for k, v in (("state", state), ("limit", limit), ("cursor", cursor)) if v is not None}
-        return JobPage.model_validate(self.request("GET", "/jobs", params=params))
+        return read(JobPage, self.request("GET", "/jobs", params=params))
 
     def delete_job(self, job_id: str) -> None:
         """Delete an ended job for good: its record, step records, files and queue entries."""
@@ -111,14 +112,14 @@ class Client:
             body["tolerance"] = tolerance
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         answer = self.request("POST", "/comparisons", json=body, headers=headers)
-        return Comparison(self, ComparisonResource.model_validate(answer))
+        return Comparison(self, read(ComparisonResource, answer))
 
     def comparison(self, comparison_id: str) -> Comparison:
-        return Comparison(self, ComparisonResource.model_validate(self.request("GET", f"/comparisons/{comparison_id}")))
+        return Comparison(self, read(ComparisonResource, self.request("GET", f"/comparisons/{comparison_id}")))
 
     def comparisons(self, limit: int = 20, cursor: str | None = None) -> ComparisonPage:
         params = {k: v for k, v in (("limit", limit), ("cursor", cursor)) if v is not None}
-        return ComparisonPage.model_validate(self.request("GET", "/comparisons", params=params))
+        return read(ComparisonPage, self.request("GET", "/comparisons", params=params))
 
     def delete_comparison(self, comparison_id: str) -> None:
         """Delete a comparison and all its jobs for good, once every one has ended."""

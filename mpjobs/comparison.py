@@ -11,6 +11,7 @@ from app.core.comparison import VariantResult
 from mpjobs.errors import WaitTimeout
 from mpjobs.frames import pandas, step_frame
 from mpjobs.job import Job
+from mpjobs.reading import read
 
 if TYPE_CHECKING:
     from mpjobs.client import Client
@@ -67,7 +68,7 @@ class Comparison:
 
     def cancel(self) -> Comparison:
         """Cancel every job of the comparison that has not ended."""
-        self.resource = ComparisonResource.model_validate(self.client.request("DELETE", f"/comparisons/{self.id}"))
+        self.resource = read(ComparisonResource, self.client.request("DELETE", f"/comparisons/{self.id}"))
         return self
 
     def wait(self, progress: bool = True, timeout: float | None = None) -> Comparison:

@@ -14,6 +14,7 @@ from app.core.records import Diagnosis, StepRecord, Summary
 from mpjobs.errors import Conflict, WaitTimeout, mapped, raise_for
 from mpjobs.frames import pandas, step_frame
 from mpjobs.progress import progress_view
+from mpjobs.reading import read, read_json
 from mpjobs.stream import follow
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class Job:
         """Ask the job to stop: a queued one is canceled at once, a running one after its current step (see
         `wait()`). An ended job is left as it is."""
         try:
-            self.resource = JobResource.model_validate(self.client.request("DELETE", f"/jobs/{self.id}"))
+            self.resource = read(JobResource, self.client.request("DELETE", f"/jobs/{self.id}"))
         except Conflict:  # it has already ended: nothing to cancel
             self.refresh()
         return self
@@ -113,7 +114,7 @@ class Job:
         and in order, across dropped connections and API restarts (resumed with `Last-Event-ID`)."""
         for event in follow(self.client.http, self.id, after):
             if event.kind == "metrics":
-                yield StepRecord.model_validate_json(event.data)
+                yield read_json(StepRecord, event.data)
 
     def metrics(self, after: int = 0, limit: int = 1000, max_points: int | None = None
                 ) -> MetricsPage | MetricsBuckets:
@@ -121,9 +122,9 @@ class Job:
         `max_points`, the whole run in at most that many min/mean/max buckets."""
         if max_points is not None:
             body = self.client.request("GET", f"/jobs/{self.id}/metrics", params={"max_points": max_points})
-            return MetricsBuckets.model_validate(body)
+            return read(MetricsBuckets, body)
         body = self.client.request("GET", f"/jobs/{self.id}/metrics", params={"after": after, "limit": limit})
-        return MetricsPage.model_validate(body)
+        return read(MetricsPage, body)
 
     def pages(self, after: int = 0) -> Iterator[MetricsPage]:
         """Every page of step records after step `after`, in step order, each step once."""
@@ -148,8 +149,8 @@ class Job:
 
     def layer_checks(self, after: int = 0, limit: int = 100) -> LayersPage:
         """One page of layer checks (every layer's gradient and activation numerics at a step) after step `after`."""
-        return LayersPage.model_validate(self.client.request("GET", f"/jobs/{self.id}/layers",
-                                                             params={"after": after, "limit": limit}))
+        return read(LayersPage, self.client.request("GET", f"/jobs/{self.id}/layers",
+                                                    params={"after": after, "limit": limit}))
 
     def to_pandas(self) -> Any:
         """Every step so far as a pandas DataFrame: one row per step, a column per step-record field (`step`,

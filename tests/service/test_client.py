@@ -130,3 +130,23 @@ def test_importing_the_client_loads_no_tensorflow_keras_or_server_code() -> None
                             timeout=60)
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.strip() == "[]"
+
+
+def test_the_api_still_refuses_unknown_fields_in_a_request_at_any_depth(
+    mp: mpjobs.Client, client: httpx.Client
+) -> None:
+    """The client ignores a newer server's fields in answers (tests/app/test_client_compat.py); the server
+    goes on refusing fields it does not know in a body, naming each, and queues nothing."""
+    before = {j["id"] for j in client.get("/jobs", params={"limit": 200}).json()["jobs"]}
+    for body, field in (({**SMALL, "trainng": {}}, "trainng"),
+                        ({**SMALL, "training": {"steps": 2, "warmup": 1}}, "training.warmup"),
+                        ({**SMALL, "model": {"name": "mlp", "width": 3}}, "model.mlp.width")):
+        with pytest.raises(mpjobs.InvalidSpec) as refused:
+            mp.submit(body)
+        assert [f for f, _ in refused.value.errors] == [field]
+        assert "Extra inputs are not permitted" in refused.value.errors[0][1]
+    variants = [{"precision_policy": "float32"}, {"precision_policy": "mixed_float16", "new": 2}]
+    answer = client.post("/comparisons", json={"spec": SMALL, "variants": variants, "new": 1})
+    assert answer.status_code == 422, answer.text
+    assert sorted(e["loc"] for e in answer.json()["detail"]) == [["body", "new"], ["body", "variants", 1, "new"]]
+    assert {j["id"] for j in client.get("/jobs", params={"limit": 200}).json()["jobs"]} == before  # none queued

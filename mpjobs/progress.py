@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from app.core.formats import duration, num, scale_num
 from app.core.job import JobState
+from mpjobs.reading import member
 
 REDRAW_INTERVAL_S = 0.1
 """A terminal progress bar redraws at most this often; faster is flicker, not information."""
@@ -80,7 +81,7 @@ class ProgressView:
     def state(self, state: str, message: str) -> None:
         line = f"state: {state}" + (f" ({message})" if message else "") + "\n"
         with self._lock:
-            if JobState(state).terminal:
+            if member(JobState, state).terminal:
                 self.ending = line  # after the last steps, which may still be on their way
                 return
             self._clear()

@@ -93,18 +93,39 @@ def _open(tp: Any) -> Any:
     return origin[opened]
 
 
+E = TypeVar("E", bound=Enum)
+
+
+def member(cls: type[E], value: str) -> E:
+    """`value` as a member of the string enum `cls`, or as a pseudo-member if `cls` does not list it (a newer
+    server's job state, say: not terminal, and no member the enum lists). For what reads a raw answer (the CLI).
+
+    >>> from app.core.job import JobState
+    >>> member(JobState, "failed") is JobState.FAILED, member(JobState, "paused").terminal
+    (True, False)
+    """
+    try:
+        return cls(value)
+    except ValueError:
+        return cast("E", _pseudo(cls, value))
+
+
 def _enum_or_pseudo(cls: type[str], value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
     try:
         return handler(value)
     except ValidationError:
         if not isinstance(value, str):
             raise
+    return _pseudo(cls, value)
+
+
+def _pseudo(cls: type, value: str) -> Any:
     # A pseudo-member, made the way the enum makes its own (its mixin's __new__), never registered with the
     # enum: the server's validation of the same enum in this process stays as strict as before.
-    member: Any = str.__new__(cls, value)
-    member._name_ = value.upper()
-    member._value_ = value
-    return member
+    pseudo: Any = str.__new__(cls, value)
+    pseudo._name_ = value.upper()
+    pseudo._value_ = value
+    return pseudo
 
 
 def _literal_or_text(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:

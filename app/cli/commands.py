@@ -19,6 +19,7 @@ from app.cli.words import comparison_report, layers_report, spec_words, summary_
 from app.core.job import JobState, MetricsPage
 from app.core.records import LayerNumerics
 from mpjobs import Client
+from mpjobs.reading import member
 
 LAYERS_PAGE_LIMIT = 100
 """Layer checks per request: each holds every layer's numerics, so a page of them is far larger than a step's."""
@@ -176,7 +177,7 @@ def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
     if not handle.done:  # an ended job's DELETE is a 409: nothing to cancel
         handle.cancel()
     job: dict[str, Any] = handle.resource.model_dump(mode="json")
-    state = JobState(job["state"])
+    state = member(JobState, job["state"])
     if state is JobState.RUNNING:
         print(f"{job['id']}: running; cancel requested, it stops after its current step")
     elif state is JobState.CANCELED:
@@ -185,10 +186,10 @@ def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
         print(f"{job['id']}: {state.value}" + ("; nothing to cancel" if state.terminal else ""))
     if not args.wait:
         return Exit.OK
-    while not JobState(job["state"]).terminal:
+    while not member(JobState, job["state"]).terminal:
         time.sleep(POLL_INTERVAL_S)
         job = handle.refresh().resource.model_dump(mode="json")
-    if state is not JobState(job["state"]):
+    if state is not member(JobState, job["state"]):
         print(f"{job['id']}: {job['state']}")
     return exit_for(job["state"])
 

@@ -6,6 +6,7 @@ from enum import IntEnum
 
 import mpjobs
 from app.core.job import JobState
+from mpjobs.reading import member
 
 
 class Exit(IntEnum):
@@ -31,7 +32,7 @@ class CliError(Exception):
 
 
 def exit_for(state: str) -> Exit:
-    return STATE_EXIT.get(JobState(state), Exit.OK)
+    return STATE_EXIT.get(member(JobState, state), Exit.OK)
 
 
 def cli_error(exc: mpjobs.MpjobsError) -> CliError:

@@ -8,6 +8,7 @@ from typing import Any
 
 from app.core.formats import num, number, percent, rate, ratio, ratio_range, scale_num, speed_words
 from app.core.job import JobState
+from mpjobs.reading import member
 
 
 def power_of_two(value: float) -> str:
@@ -57,7 +58,7 @@ def summary_lines(job: dict[str, Any]) -> list[str]:
         lines.append(f"  error            {job['error']['reason']}: {job['error']['message']}")
     s = job.get("summary")
     if not s:
-        return [*lines, "  summary          " + ("none: no step finished" if JobState(job["state"]).terminal
+        return [*lines, "  summary          " + ("none: no step finished" if member(JobState, job["state"]).terminal
                                                     else "none yet")]
     peak = s["peak_zero_grad_fraction"]
     speed = s["mean_examples_per_sec"]

@@ -6,6 +6,7 @@ own model, dumped as the API sends it) with a field added to every object in it,
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import re
@@ -17,6 +18,9 @@ import pytest
 from pydantic import ValidationError
 
 import mpjobs
+from app.cli.commands import cmd_cancel
+from app.cli.errors import Exit, exit_for
+from app.cli.words import summary_lines
 from app.core.comparison import Comparison as ComparisonResource
 from app.core.job import Job as JobResource
 from app.core.job import JobState, MetricsPage
@@ -192,3 +196,15 @@ def test_every_answer_the_client_parses_goes_through_the_lenient_reader() -> Non
     for path in sorted((ROOT / "mpjobs").glob("*.py")):
         if path.name != "reading.py":
             assert not re.search(r"\.model_validate(_json)?\(", path.read_text()), f"{path.name}: use mpjobs.reading"
+
+
+def test_the_cli_shows_a_state_it_does_not_know_as_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI reads raw answers: a newer server's job state is shown as sent, is no end, and exits 0."""
+    job = copy.deepcopy(JOB)
+    job["state"] = job["transitions"][-1]["state"] = "paused"
+    job["summary"] = None
+    client = serving({f"GET /jobs/{JOB['id']}": newer(job), f"DELETE /jobs/{JOB['id']}": newer(job)})
+    assert cmd_cancel(client, argparse.Namespace(job_id=JOB["id"], wait=False)) == Exit.OK
+    assert capsys.readouterr().out == f"{JOB['id']}: paused\n"
+    assert exit_for("paused") is Exit.OK and exit_for("failed") is not Exit.OK
+    assert summary_lines(job) == [f"job {JOB['id']} paused after 3 of 3 steps", "  summary          none yet"]

@@ -154,9 +154,7 @@ class Training:
         strategy = distribution(t.devices)
         with strategy.scope() if strategy is not None else contextlib.nullcontext():
             built: BuiltModel = build_model(spec, on_cpu_tf=on_cpu_tf)
-            self.model = model = built.model
-            if len(model.inputs) != 1 or len(model.outputs) != 1:
-                raise InvalidModel("model must have exactly one input and one output.")
+            self.model = model = built.model  # one input and one output (worker.models)
             self.optimizer = optimizer = make_optimizer(spec)
             optimizer.penalties = list(built.penalties)
             # Stateful backends read the data loss and the statistics the optimizer stored in the step

@@ -109,6 +109,20 @@ def test_a_string_input_is_an_invalid_model_saying_what_is_allowed(train: Train,
     assert not (tmp_path / "no").exists()
 
 
+def test_a_model_of_two_inputs_is_an_invalid_model_naming_them(train: Train, tmp_path: Path) -> None:
+    first, second = keras.Input((3,), name="first"), keras.Input((4,), name="second")
+    joined = keras.layers.Concatenate()([keras.layers.Dense(2)(first), keras.layers.Dense(2)(second)])
+    model = keras.Model([first, second], keras.layers.Dense(1, name="out")(joined))
+    with pytest.raises(JobFailed) as raised:
+        train(spec_of(model={"keras_json": model.to_json(), "loss": "mse"}), out=tmp_path / "no")
+    assert raised.value.reason is FailureReason.INVALID_MODEL
+    assert raised.value.message == (
+        "model.keras_json must have exactly one input and one output: mpjobs feeds each step one array x "
+        "(generated, or the .npz's x) and compares the output with one y. Received: 2 inputs ('first', 'second') "
+        "and 1 output ('out').")
+    assert not (tmp_path / "no").exists()
+
+
 def test_an_npz_of_strings_is_an_invalid_dataset_saying_what_is_allowed(train: Train, settings: Settings,
                                                                         tmp_path: Path) -> None:
     settings.data_root.mkdir(parents=True)

@@ -104,6 +104,17 @@ def _masked_lstm() -> Case:
     return model, "sparse_categorical_crossentropy", x, rng.integers(0, 3, (B, 6)).astype(np.int32)
 
 
+def _nested_embedding() -> Case:
+    """Token ids into an Embedding inside a nested Sequential: a sparse gradient, rows repeated, most unused."""
+    rng = np.random.default_rng(5)
+    encoder = keras.Sequential([keras.Input((6,), dtype="int32"), layers.Embedding(40, 4),
+                                layers.GlobalAveragePooling1D()], name="encoder")
+    inputs = keras.Input((6,), dtype="int32")
+    model = keras.Model(inputs, layers.Dense(2)(encoder(inputs)))
+    return (model, "mean_squared_error", rng.integers(0, 8, (B, 6)).astype(np.int32),
+            rng.standard_normal((B, 2)).astype(np.float32))
+
+
 ARCHITECTURES: dict[str, Callable[[], Case]] = {
     "lstm": lambda: _regression((5, 3), 2, layers.LSTM(6), layers.Dense(2)),
     "gru": lambda: _regression((5, 3), 2, layers.GRU(6), layers.Dense(2)),
@@ -128,6 +139,7 @@ ARCHITECTURES: dict[str, Callable[[], Case]] = {
                                             layers.Dense(2)),
     "shared_layer": lambda: _functional(_shared),
     "nested_sequential": lambda: _functional(_nested),
+    "nested_embedding": _nested_embedding,
     # A frozen layer's weights are neither trained nor counted; its bias kills most ReLUs, so the next
     # kernel has zero rows and the zero fraction depends on what is counted.
     "frozen_layer": lambda: _regression((6,), 2, layers.Dense(8, activation="relu", trainable=False,
@@ -200,6 +212,8 @@ def test_step_one_matches_a_float32_gradient_tape(train: Train, settings: Settin
     norm = float(np.sqrt(sum(np.sum(np.square(g)) for g in grads)))
     if name == "frozen_layer":
         assert zeros >= 8, "the case is what it says: dead units leave zero rows in the trainable kernel"
+    if name == "nested_embedding":
+        assert zeros == (40 - 8) * 4, "the case is what it says: 32 of the 40 rows unused"
 
     _, reporter = train(spec)
     record = reporter.records[0]

@@ -6,7 +6,9 @@ built as Keras's mixed-precision guide has users build it: under `mixed_float16`
 to float32 (a float16 softmax's gradient, -1/(16 p), passes 65504 at the dynamic scale 32768 and skips
 the step). The reference builds the same layers under float32, takes the job's initial weights, and
 differentiates the mean loss with Keras's own `Loss` class, so a mask (an `Embedding(mask_zero=True)`
-under an LSTM) weighs the loss as the compiled loss does. No engine statistic is used.
+under an LSTM) weighs the loss as the compiled loss does, plus `model.losses` (the shared layer's L2
+penalty, reported once as `regularization_loss` though the layer is called twice). No engine statistic
+is used.
 
 Tolerances, by what the policy computes in (docs/numerics.md: every statistic is of the unscaled
 gradient in float32, so only the forward and backward passes round):
@@ -75,7 +77,8 @@ def _functional(build: Callable[[keras.KerasTensor], keras.KerasTensor]) -> Case
 
 
 def _shared(inputs: keras.KerasTensor) -> keras.KerasTensor:
-    twice = layers.Dense(6, activation="tanh", name="twice")  # its kernel's gradient sums both uses
+    # Its kernel's gradient sums both uses; its penalty counts once.
+    twice = layers.Dense(6, activation="tanh", name="twice", kernel_regularizer=keras.regularizers.L2(0.05))
     return layers.Dense(2)(twice(twice(inputs)))
 
 
@@ -188,8 +191,9 @@ def job(settings: Settings, name: str, policy: str, loss_scale: str) -> tuple[Jo
     return spec, (built_under("float32", name)[0], loss, x, y)
 
 
-def reference(spec: JobSpec, case: Case) -> tuple[float, list[np.ndarray]]:
-    """The float32 loss and gradient (float64 arrays) at the job's initial weights."""
+def reference(spec: JobSpec, case: Case) -> tuple[float, float | None, list[np.ndarray]]:
+    """The float32 data loss, weight penalties (None without) and gradient of their sum (float64 arrays) at the
+    job's initial weights."""
     keras.utils.set_random_seed(spec.training.seed)
     initial = build_model(spec, on_cpu_tf=True).model.get_weights()  # get_weights: an RNN's seed state is no weight
     model, loss_name, x, y = case
@@ -198,15 +202,18 @@ def reference(spec: JobSpec, case: Case) -> tuple[float, list[np.ndarray]]:
             "sparse_categorical_crossentropy": keras.losses.SparseCategoricalCrossentropy()}[loss_name]
     with tf.GradientTape() as tape:
         value = loss(y, model(x, training=True))
-    grads = tape.gradient(value, model.trainable_variables)
-    return float(value), [tf.convert_to_tensor(g).numpy().astype(np.float64) for g in grads]
+        penalty = sum(model.losses, tf.constant(0.0))
+        total = value + penalty
+    grads = [tf.convert_to_tensor(g).numpy().astype(np.float64)
+             for g in tape.gradient(total, model.trainable_variables)]
+    return float(value), float(penalty) if model.losses else None, grads
 
 
 @pytest.mark.parametrize(("name", "policy", "loss_scale"), POLICIES)
 def test_step_one_matches_a_float32_gradient_tape(train: Train, settings: Settings, name: str, policy: str,
                                                   loss_scale: str) -> None:
     spec, case = job(settings, name, policy, loss_scale)
-    expected_loss, grads = reference(spec, case)
+    expected_loss, penalty, grads = reference(spec, case)
     values = sum(g.size for g in grads)
     zeros = sum(int(np.sum(g == 0)) for g in grads)
     norm = float(np.sqrt(sum(np.sum(np.square(g)) for g in grads)))
@@ -220,6 +227,7 @@ def test_step_one_matches_a_float32_gradient_tape(train: Train, settings: Settin
     rel = TOLERANCE[spec.precision_policy.compute_dtype]
     assert record.step == 1 and record.grads_finite and not record.skipped
     assert record.loss == pytest.approx(expected_loss, rel=rel)
+    assert record.regularization_loss == (None if penalty is None else pytest.approx(penalty, rel=rel))
     assert record.grad_norm == pytest.approx(norm, rel=rel)
     slack = 0 if policy == "float32" else HALF_ZERO_SLACK
     assert abs(record.zero_grad_fraction * values - zeros) <= slack + 1e-9, (record.zero_grad_fraction, zeros, values)

@@ -83,13 +83,15 @@ def make_optimizer(spec: JobSpec) -> TelemetryOptimizer:
     return TelemetryOptimizer(inner, mode="none")
 
 
-def _vocab(model: keras.Model) -> int | None:
-    if "int" not in str(model.inputs[0].dtype):
+def _vocab(model: keras.Model, spec: JobSpec) -> int | None:
+    """The range of synthetic token ids: the first top-level Embedding's, else a nested model's; an .npz has its own."""
+    if spec.dataset.kind == "npz" or "int" not in str(model.inputs[0].dtype):
         return None
-    for layer in model.layers:
+    for layer in [*model.layers, *model._flatten_layers(include_self=False)]:
         if isinstance(layer, keras.layers.Embedding):
             return int(layer.input_dim)
-    raise InvalidModel("model has integer inputs but no Embedding layer to size the synthetic tokens.")
+    raise InvalidModel("model has integer inputs but no Embedding layer to size the synthetic token ids: add one, "
+                       "or train on your own ids (dataset.kind 'npz').")
 
 
 def run_job(
@@ -154,9 +156,7 @@ class Training:
         strategy = distribution(t.devices)
         with strategy.scope() if strategy is not None else contextlib.nullcontext():
             built: BuiltModel = build_model(spec, on_cpu_tf=on_cpu_tf)
-            self.model = model = built.model
-            if len(model.inputs) != 1 or len(model.outputs) != 1:
-                raise InvalidModel("model must have exactly one input and one output.")
+            self.model = model = built.model  # one input and one output (worker.models)
             self.optimizer = optimizer = make_optimizer(spec)
             optimizer.penalties = list(built.penalties)
             # Stateful backends read the data loss and the statistics the optimizer stored in the step
@@ -171,7 +171,7 @@ class Training:
         set_phase("preparing the data")
         self.dataset = load_dataset(
             spec, tuple(model.input_shape[1:]), tuple(model.output_shape[1:]), built.loss_name,
-            settings.data_root, _vocab(model),
+            settings.data_root, _vocab(model, spec),
         )
         set_phase("restoring the checkpoint")
 

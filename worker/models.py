@@ -168,10 +168,20 @@ _NUMERIC_KINDS = ("float", "bfloat", "int", "uint", "bool")
 
 
 def _check_trainable(model: keras.Model, source: str) -> None:
-    """Refuse what the engine cannot train on generated data: open shapes, non-numeric inputs, nothing to train."""
+    """Refuse what the engine cannot train on generated data: open shapes, several inputs or outputs,
+    non-numeric inputs, nothing to train."""
     if not model.built:
         raise InvalidModel(f"{source} must declare its input shape: start it with keras.Input(shape). "
                            f"Received: a {type(model).__name__} that was never built.")
+    if len(model.inputs) != 1 or len(model.outputs) != 1:
+        def counted(kind: str, names: list[str]) -> str:
+            return f"{len(names)} {kind}{'' if len(names) == 1 else 's'} ({', '.join(map(repr, names))})"
+
+        outputs = getattr(model, "output_names", None) or [t.name for t in model.outputs]  # a Functional's layers
+        raise InvalidModel(
+            f"{source} must have exactly one input and one output: mpjobs feeds each step one array x (generated, "
+            f"or the .npz's x) and compares the output with one y. Received: "
+            f"{counted('input', [t.name for t in model.inputs])} and {counted('output', list(outputs))}.")
     for kind, tensors in (("input", model.inputs), ("output", model.outputs)):
         for tensor in tensors:
             dtype = keras.backend.standardize_dtype(tensor.dtype)

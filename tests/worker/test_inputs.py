@@ -109,6 +109,51 @@ def test_a_string_input_is_an_invalid_model_saying_what_is_allowed(train: Train,
     assert not (tmp_path / "no").exists()
 
 
+def test_token_ids_are_sized_by_an_embedding_inside_a_nested_model(train: Train) -> None:
+    encoder = keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(40, 4),
+                                keras.layers.GlobalAveragePooling1D()], name="encoder")
+    inputs = keras.Input((6,), dtype="int32")
+    model = keras.Model(inputs, keras.layers.Dense(2)(encoder(inputs)))
+    # Synthetic ids: below 40, or the Embedding's lookup fails (on CPU); at 40 rows and 96 ids most rows are used.
+    result, reporter = train(spec_of(model={"keras_json": model.to_json(), "loss": "mse"},
+                                     training={"steps": 1, "batch_size": 16}, dataset={"samples": 16}))
+    assert result.status == "succeeded" and reporter.records[0].grads_finite
+    assert 0.0 < reporter.records[0].zero_grad_fraction < 0.5
+
+
+def test_integer_inputs_without_an_embedding_train_on_an_npz(train: Train, settings: Settings) -> None:
+    # Ids one-hot encoded, no Embedding: nothing sizes synthetic ids, and an .npz needs none.
+    model = keras.Sequential([keras.Input((3,), dtype="int32"),
+                              keras.layers.CategoryEncoding(num_tokens=5, output_mode="multi_hot"),
+                              keras.layers.Dense(2)])
+    settings.data_root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    np.savez(settings.data_root / "ids.npz", x=rng.integers(0, 5, (16, 3)).astype(np.int32),
+             y=rng.standard_normal((16, 2)).astype(np.float32))
+    result, reporter = train(spec_of(model={"keras_json": model.to_json(), "loss": "mse"},
+                                     dataset={"kind": "npz", "path": "ids.npz"},
+                                     training={"steps": 1, "batch_size": 16}))
+    assert result.status == "succeeded" and reporter.records[0].grads_finite
+    with pytest.raises(JobFailed) as raised:  # synthetic data has nothing to size its ids by
+        train(spec_of(model={"keras_json": model.to_json(), "loss": "mse"}))
+    assert raised.value.message == ("model has integer inputs but no Embedding layer to size the synthetic token ids: "
+                                    "add one, or train on your own ids (dataset.kind 'npz').")
+
+
+def test_a_model_of_two_inputs_is_an_invalid_model_naming_them(train: Train, tmp_path: Path) -> None:
+    first, second = keras.Input((3,), name="first"), keras.Input((4,), name="second")
+    joined = keras.layers.Concatenate()([keras.layers.Dense(2)(first), keras.layers.Dense(2)(second)])
+    model = keras.Model([first, second], keras.layers.Dense(1, name="out")(joined))
+    with pytest.raises(JobFailed) as raised:
+        train(spec_of(model={"keras_json": model.to_json(), "loss": "mse"}), out=tmp_path / "no")
+    assert raised.value.reason is FailureReason.INVALID_MODEL
+    assert raised.value.message == (
+        "model.keras_json must have exactly one input and one output: mpjobs feeds each step one array x "
+        "(generated, or the .npz's x) and compares the output with one y. Received: 2 inputs ('first', 'second') "
+        "and 1 output ('out').")
+    assert not (tmp_path / "no").exists()
+
+
 def test_an_npz_of_strings_is_an_invalid_dataset_saying_what_is_allowed(train: Train, settings: Settings,
                                                                         tmp_path: Path) -> None:
     settings.data_root.mkdir(parents=True)

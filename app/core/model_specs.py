@@ -15,6 +15,7 @@ from pydantic import (
     model_validator,
 )
 
+from app.core.keras_io import check_one_input_and_output
 from app.core.strict import Integer, Number, Strict, Text
 
 MAX_KERAS_JSON_CHARS = 1_000_000
@@ -238,6 +239,7 @@ def check_keras_json(text: str) -> dict[str, Any]:
             raise ValueError(
                 f"model.keras_json uses the custom object {registered!r}; only Keras's own classes are allowed."
             )
+    check_one_input_and_output(config)
     count = layer_count(config)
     if count > MAX_KERAS_LAYERS:
         raise ValueError(f"model.keras_json has {count} layer configs (nested models' included); at most "

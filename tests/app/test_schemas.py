@@ -615,3 +615,33 @@ def test_every_module_keras_writes_is_allowed_and_each_allowed_one_is_written() 
         written |= modules_in(json.loads(text))
         assert JobSpec.model_validate({"model": {"keras_json": text, "loss": "mse"}}), what
     assert written == KERAS_MODULES
+
+
+def test_a_functional_of_several_inputs_or_outputs_is_refused_at_submission_naming_them() -> None:
+    """The worker refuses such a model (tests/worker/test_inputs.py); the API does first, in the same words,
+    from the config alone, for each way model.to_json() writes its inputs and outputs."""
+    import keras
+    from keras import layers
+
+    first, second = keras.Input((3,), name="first"), keras.Input((4,), name="second")
+    joined = layers.Concatenate()([first, second])
+    why = ("model.keras_json must have exactly one input and one output: mpjobs feeds each step one array x "
+           "(generated, or the .npz's x) and compares the output with one y. Received: ")
+    refused = {
+        "2 inputs ('first', 'second') and 1 output ('out')": keras.Model([first, second], layers.Dense(1, name="out")(
+            joined)),
+        "1 input ('first') and 2 outputs ('a', 'b')": keras.Model(first, [layers.Dense(1, name="a")(first),
+                                                                           layers.Dense(1, name="b")(first)]),
+        "1 input ('first') and 2 outputs ('c', 'd')": keras.Model(first, {"c": layers.Dense(1, name="c")(first),
+                                                                           "d": layers.Dense(1, name="d")(first)}),
+    }
+    for received, model in refused.items():
+        field, message = only_error({"model": {"keras_json": model.to_json(), "loss": "mse"}})
+        assert field == "model.keras_json.keras_json" and message == f"Value error, {why}{received}.", message
+    # One of each, however written, passes; a nested model may have several (only the model trained is fed).
+    inner = keras.Model([first, second], layers.Dense(2)(joined))
+    outer_in = keras.Input((3,), name="x")
+    wrapped = keras.Model(outer_in, inner([outer_in, layers.Dense(4)(outer_in)]))
+    for model in (keras.Model([first], [layers.Dense(1)(first)]), keras.Model({"first": first}, layers.Dense(1)(first)),
+                  wrapped):
+        assert JobSpec.model_validate({"model": {"keras_json": model.to_json(), "loss": "mse"}})

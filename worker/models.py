@@ -17,6 +17,7 @@ import keras
 from keras import layers, ops
 
 from app.core.errors import InvalidModel, JobFailed
+from app.core.keras_io import not_one_input_and_output
 from app.core.model_specs import (
     CnnModel,
     Conv3dUnetModel,
@@ -174,14 +175,8 @@ def _check_trainable(model: keras.Model, source: str) -> None:
         raise InvalidModel(f"{source} must declare its input shape: start it with keras.Input(shape). "
                            f"Received: a {type(model).__name__} that was never built.")
     if len(model.inputs) != 1 or len(model.outputs) != 1:
-        def counted(kind: str, names: list[str]) -> str:
-            return f"{len(names)} {kind}{'' if len(names) == 1 else 's'} ({', '.join(map(repr, names))})"
-
         outputs = getattr(model, "output_names", None) or [t.name for t in model.outputs]  # a Functional's layers
-        raise InvalidModel(
-            f"{source} must have exactly one input and one output: mpjobs feeds each step one array x (generated, "
-            f"or the .npz's x) and compares the output with one y. Received: "
-            f"{counted('input', [t.name for t in model.inputs])} and {counted('output', list(outputs))}.")
+        raise InvalidModel(not_one_input_and_output(source, [t.name for t in model.inputs], list(outputs)))
     for kind, tensors in (("input", model.inputs), ("output", model.outputs)):
         for tensor in tensors:
             dtype = keras.backend.standardize_dtype(tensor.dtype)

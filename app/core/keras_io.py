@@ -29,10 +29,14 @@ def check_one_input_and_output(config: dict[str, Any]) -> None:
     inputs, outputs = endpoint_names(inner.get("input_layers")), endpoint_names(inner.get("output_layers"))
     if inputs is None or outputs is None or (len(inputs) == 1 and len(outputs) == 1):
         return  # a shape this does not know is left to Keras and the worker's own check
+    raise ValueError(not_one_input_and_output("model.keras_json", inputs, outputs))
 
+
+def not_one_input_and_output(source: str, inputs: list[str], outputs: list[str]) -> str:
+    """Why a model of several inputs or outputs is refused, naming them: the API's words and the worker's."""
     def counted(kind: str, names: list[str]) -> str:
         return f"{len(names)} {kind}{'' if len(names) == 1 else 's'} ({', '.join(map(repr, names))})"
 
-    raise ValueError("model.keras_json must have exactly one input and one output: mpjobs feeds each step one array "
-                     "x (generated, or the .npz's x) and compares the output with one y. Received: "
-                     f"{counted('input', inputs)} and {counted('output', outputs)}.")
+    return (f"{source} must have exactly one input and one output: mpjobs feeds each step one array x (generated, "
+            f"or the .npz's x) and compares the output with one y. Received: {counted('input', inputs)} and "
+            f"{counted('output', outputs)}.")

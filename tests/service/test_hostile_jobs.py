@@ -20,23 +20,35 @@ from app.core.model_specs import MAX_SEQUENTIAL_LAYERS
 from tests.stack import Stack, private_stack, wait_until
 
 LAYERS = MAX_SEQUENTIAL_LAYERS - 1
-"""Dense(4) layers after the InputLayer: the most a Sequential may have (Keras takes 10-17 s to load it
-here); the phase is seen within a second."""
+"""Dense(4) layers after the InputLayer: the most a Sequential may have."""
+NESTED = 4
+"""Sequentials of LAYERS in one: Keras takes about 50 s to load it here (one alone takes 10-17 s), so even a
+processor several times faster is still loading when the cancel or the time limit comes; the phase is seen
+within a second."""
 SMALL = {"model": {"name": "mlp", "input_dim": 16, "hidden_units": 8}, "training": {"steps": 5}}
 """The next job, which the freed worker trains within seconds (and within TIME_LIMIT_S on a busy machine)."""
 TIME_LIMIT_S = 6
 SPEC_LIMIT_S = 2
 
 
-def slow_to_load(layers: int = LAYERS) -> dict[str, Any]:
-    """A Sequential of `layers` Dense(4), as model.to_json() writes it (built here, without Keras)."""
-    dense = [{"module": "keras.layers", "class_name": "Dense", "registered_name": None,
-              "config": {"name": f"dense_{i}", "trainable": True, "dtype": "float32", "units": 4,
-                         "activation": "linear", "use_bias": True}} for i in range(layers)]
-    config = {"module": "keras", "class_name": "Sequential", "registered_name": None, "config": {
-        "name": "deep", "trainable": True, "dtype": "float32",
-        "layers": [{"module": "keras.layers", "class_name": "InputLayer", "registered_name": None,
-                    "config": {"batch_shape": [None, 4], "dtype": "float32", "name": "input"}}, *dense]}}
+def slow_to_load() -> dict[str, Any]:
+    """A Sequential of NESTED Sequentials of LAYERS Dense(4), as model.to_json() writes it (built here, without
+    Keras)."""
+    def input_layer(name: str) -> dict[str, Any]:
+        return {"module": "keras.layers", "class_name": "InputLayer", "registered_name": None,
+                "config": {"batch_shape": [None, 4], "dtype": "float32", "name": name}}
+
+    def sequential(name: str, layers: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"module": "keras", "class_name": "Sequential", "registered_name": None,
+                "config": {"name": name, "trainable": True, "dtype": "float32", "layers": layers}}
+
+    def deep(n: int) -> dict[str, Any]:
+        dense = [{"module": "keras.layers", "class_name": "Dense", "registered_name": None,
+                  "config": {"name": f"dense_{n}_{i}", "trainable": True, "dtype": "float32", "units": 4,
+                             "activation": "linear", "use_bias": True}} for i in range(LAYERS)]
+        return sequential(f"deep_{n}", [input_layer(f"input_{n}"), *dense])
+
+    config = sequential("deeper", [input_layer("input"), *[deep(n) for n in range(NESTED)]])
     return {"model": {"keras_json": json.dumps(config), "loss": "mse"}, "training": {"steps": 5}}
 
 

@@ -37,13 +37,15 @@ WIDE_BYTES = 2 * (WIDE * WIDE + WIDE) * 4
 
 
 def wide_then_slow() -> dict[str, Any]:
-    """A Sequential whose first two layers hold WIDE_BYTES, then Dense(4) layers up to the most allowed (Keras
-    takes seconds to load them): a cancel lands while the model builds, with its wide weights made."""
+    """slow_to_load()'s model, whose first two Dense layers hold WIDE_BYTES (Keras takes many seconds to load the
+    rest): a cancel lands while the model builds, with its wide weights made."""
     spec = slow_to_load()
     config = json.loads(spec["model"]["keras_json"])
-    layers = config["config"]["layers"]
-    layers[0]["config"]["batch_shape"] = [None, WIDE]
-    for layer in layers[1:3]:
+    outer_input, first, *_ = config["config"]["layers"]
+    inner_input, *layers = first["config"]["layers"]
+    for input_layer in (outer_input, inner_input):
+        input_layer["config"]["batch_shape"] = [None, WIDE]
+    for layer in layers[:2]:
         layer["config"]["units"] = WIDE
     spec["model"]["keras_json"] = json.dumps(config)
     return spec

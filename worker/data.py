@@ -74,7 +74,7 @@ class Dataset:
 def _teacher_features(x: np.ndarray, rng: np.random.Generator, vocab: int | None) -> np.ndarray:
     if vocab is not None:
         table = rng.standard_normal((vocab, TOKEN_FEATURES)).astype(np.float32)
-        flat = table[x].mean(axis=1)
+        flat = table[x].reshape(len(x), -1, TOKEN_FEATURES).mean(axis=1)  # ids of any shape: the mean of all
     else:
         flat = x.reshape(len(x), -1)
     w1 = rng.standard_normal((flat.shape[1], TEACHER_WIDTH)).astype(np.float32)

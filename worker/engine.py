@@ -87,9 +87,12 @@ def _vocab(model: keras.Model, spec: JobSpec) -> int | None:
     """The range of synthetic token ids: the first top-level Embedding's, else a nested model's; an .npz has its own."""
     if spec.dataset.kind == "npz" or "int" not in str(model.inputs[0].dtype):
         return None
-    for layer in [*model.layers, *model._flatten_layers(include_self=False)]:
+    found = list(model.layers)
+    for layer in found:  # breadth first, through nested models and wrappers (TimeDistributed, Bidirectional)
         if isinstance(layer, keras.layers.Embedding):
             return int(layer.input_dim)
+        found.extend(getattr(layer, "layers", None) or [])
+        found.extend(inner for inner in (getattr(layer, "layer", None),) if isinstance(inner, keras.layers.Layer))
     raise InvalidModel("model has integer inputs but no Embedding layer to size the synthetic token ids: add one, "
                        "or train on your own ids (dataset.kind 'npz').")
 

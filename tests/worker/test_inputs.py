@@ -121,6 +121,19 @@ def test_token_ids_are_sized_by_an_embedding_inside_a_nested_model(train: Train)
     assert 0.0 < reporter.records[0].zero_grad_fraction < 0.5
 
 
+@pytest.mark.parametrize("shape", [(3, 6), ()], ids=["three sequences of six ids", "one id"])
+def test_token_ids_of_any_shape_are_sized_by_an_embedding_inside_a_wrapper(train: Train, shape: tuple[int, ...]
+                                                                           ) -> None:
+    """Ids of rank 1 or 3 made the synthetic labels fail (`internal`): they assumed (samples, sequence)."""
+    inputs = keras.Input(shape, dtype="int32")
+    embedded = keras.layers.TimeDistributed(keras.layers.Embedding(40, 4))(inputs) if shape else \
+        keras.layers.Embedding(40, 4)(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Flatten()(embedded)))
+    result, reporter = train(spec_of(model={"keras_json": model.to_json(), "loss": "mse"},
+                                     training={"steps": 1, "batch_size": 16}, dataset={"samples": 16}))
+    assert result.status == "succeeded" and reporter.records[0].grads_finite
+
+
 def test_integer_inputs_without_an_embedding_train_on_an_npz(train: Train, settings: Settings) -> None:
     # Ids one-hot encoded, no Embedding: nothing sizes synthetic ids, and an .npz needs none.
     model = keras.Sequential([keras.Input((3,), dtype="int32"),

@@ -171,9 +171,12 @@ PURE = {
 MIXED_BFLOAT16 = ("lstm", "masked_lstm", "batch_normalization", "multi_head_attention", "conv2d_batch_normalization",
                   "shared_layer", "nested_sequential", "frozen_layer")
 """bfloat16 rounds like float16, only coarser, through the same code: half the kinds, to keep the file cheap."""
+FIXED = ("masked_lstm", "batch_normalization", "shared_layer", "nested_embedding", "frozen_layer")
+"""Fixed scaling (1024) unscales in the inner optimizer, not in LossScaleOptimizer: step 2 shows it unscaled."""
 POLICIES = ([(name, policy, scale) for name in ARCHITECTURES
              for policy, scale in (("float32", "none"), ("mixed_float16", "dynamic"))]
             + [(name, "mixed_bfloat16", "none") for name in MIXED_BFLOAT16]
+            + [(name, "mixed_float16", "fixed") for name in FIXED] + [("nested_sequential", "float16", "fixed")]
             + [(name, "float16", "dynamic") for name in PURE["float16"]]
             + [(name, "bfloat16", "none") for name in PURE["bfloat16"]])
 
@@ -255,6 +258,7 @@ def test_steps_one_and_two_match_a_float32_gradient_tape(train: Train, settings:
         norm = float(np.sqrt(sum(np.sum(np.square(g)) for g in grads)))
         at = f"step {record.step}"
         assert record.grads_finite and not record.skipped, at
+        assert record.loss_scale == {"none": 1.0, "fixed": 1024.0, "dynamic": 32768.0}[loss_scale], at  # unchanged
         assert record.loss == pytest.approx(expected_loss, rel=tolerance), at
         assert record.regularization_loss == (None if penalty is None else pytest.approx(penalty, rel=tolerance)), at
         assert record.grad_norm == pytest.approx(norm, rel=tolerance), at

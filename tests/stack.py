@@ -24,6 +24,12 @@ from app.store.keys import job_key
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def stopped(pid: int) -> bool:
+    """Whether every thread of process `pid` has stopped (SIGSTOP is delivered asynchronously)."""
+    return all((task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+               for task in Path(f"/proc/{pid}/task").iterdir())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -216,6 +222,7 @@ def freeze_mid_run(stack: Stack, client: httpx.Client, spec: dict[str, Any], pas
         pid = wait_until(started, 120, f"job {job_id} to start")
         wait_until(passed, 120, f"job {job_id} past step {past_step}", interval=0.001)
         os.killpg(pid, signal.SIGSTOP)
+        wait_until(lambda pid=pid: stopped(pid), 10, f"worker {pid} to stop", interval=0.001)  # pid: this round's
         state, step = r.hmget(job_key(job_id), "state", "step")
         if state == "running" and int(str(step)) < spec["training"]["steps"]:
             return job_id, pid, spec

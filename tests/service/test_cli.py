@@ -27,7 +27,7 @@ from mpjobs import Client
 from tests.app.test_layer_checks import check
 from tests.app.test_missing_steps import finish, record
 from tests.service.test_layers_api import ended_job, running_job
-from tests.stack import ROOT, Stack, free_port, wait_until
+from tests.stack import ROOT, Stack, free_port, freeze_mid_run, wait_until
 
 STEPS = 30
 FLOAT32 = ["--model", "mlp", "--policy", "float32", "--samples", "512"]
@@ -326,16 +326,21 @@ def test_cancel_a_queued_job_and_watch_exits_3_at_once(stack: Stack, client: htt
 def test_watch_reconnects_after_the_api_dies_and_sees_every_step_once(
     stack: Stack, client: httpx.Client, tmp_path: Path
 ) -> None:
-    steps = 1500
-    job_id = mpjobs(stack, "submit", *FLOAT32, "--steps", str(steps)).stdout.splitlines()[0]
+    # Its worker frozen mid-run until the API is dead, however fast the machine trains.
+    job_id, pid, spec = freeze_mid_run(stack, client, {"model": {"name": "mlp"}, "precision_policy": "float32",
+                                                       "dataset": {"samples": 512}, "training": {"steps": 300}}, 3)
+    steps = spec["training"]["steps"]
     log = tmp_path / "watch.err"
-    watcher = spawn(stack, log, "watch", job_id, "--interval", "0")
-    wait_until(lambda: step_lines(log.read_text()), 60, "the watch to show a step")
-    assert stack.api is not None
-    stack.api.kill()  # the stream drops mid-run, as in a crash
-    stack.api.wait(10)
+    try:
+        watcher = spawn(stack, log, "watch", job_id, "--interval", "0")
+        wait_until(lambda: step_lines(log.read_text()), 60, "the watch to show a step")
+        assert stack.api is not None
+        stack.api.kill()  # the stream drops mid-run, as in a crash
+        stack.api.wait(10)
+    finally:
+        os.killpg(pid, signal.SIGCONT)
     shown_before = step_lines(log.read_text())
-    assert shown_before[-1] < steps, "the API must die while the job still runs"
+    assert shown_before[-1] < steps, "the API died while the job still ran"
     stack.start_api()
     out, _ = watcher.communicate(timeout=120)
     assert watcher.returncode == Exit.OK, log.read_text()

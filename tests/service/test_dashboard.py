@@ -25,7 +25,7 @@ from app.cli.words import precision_speed_words, speed_cell
 from app.core.formats import number, percent, rate
 from app.store.keys import job_key
 from tests.browser import headless_chromium
-from tests.stack import ROOT, Stack, private_stack, wait_until
+from tests.stack import ROOT, Stack, private_stack, stopped, wait_until
 
 KEY = "dashboard-key"
 STATIC = ROOT / "app" / "static"
@@ -188,12 +188,6 @@ def test_dashboard_and_vendored_uplot_are_served_without_a_key_or_a_cdn(keyed_st
     assert ours and all(not URL.search(p.read_text()) for p in ours), [p for p in ours if URL.search(p.read_text())]
     assert not URL.search(bundle.split("*/", 1)[1])
     assert not URL.search((STATIC / "vendor" / "uPlot.min.css").read_text())
-
-
-def stopped(pid: int) -> bool:
-    """Whether every thread of process `pid` has stopped (SIGSTOP is delivered asynchronously)."""
-    return all((task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-               for task in Path(f"/proc/{pid}/task").iterdir())
 
 
 def run_past(r: redis.Redis, job_id: str, pid: int, step: int, steps: int) -> int | None:

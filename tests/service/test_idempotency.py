@@ -21,7 +21,7 @@ from app.store.keys import (
     index_key,
     job_key,
 )
-from tests.stack import Stack, private_stack, wait_until
+from tests.stack import Stack, private_stack, stopped, wait_until
 
 TENANT_A, TENANT_B = "tenant-a", "tenant-b"
 AUTH_A, AUTH_B = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
@@ -63,7 +63,10 @@ def test_keys_in_flight_when_the_api_is_sigkilled_each_give_one_job_that_exists(
 
     with ThreadPoolExecutor(max_workers=IN_FLIGHT) as pool:
         pending = [pool.submit(first_try, key) for key in keys]
-        wait_until(lambda: r.zcard(index_key(TENANT_A)) >= before + 20, 60, "the first jobs")
+        wait_until(lambda: r.zcard(index_key(TENANT_A)) >= before + 20, 60, "the first jobs", interval=0.001)
+        os.killpg(stack.api.pid, signal.SIGSTOP)  # frozen first, so the kill lands mid-burst however fast it runs
+        wait_until(lambda: stopped(stack.api.pid), 10, "the API to stop", interval=0.001)  # type: ignore[union-attr]
+        assert r.zcard(index_key(TENANT_A)) < before + IN_FLIGHT, "every job was written before the freeze"
         os.killpg(stack.api.pid, signal.SIGKILL)
         stack.api.wait(10)
         answered = {key: response.json()["id"] for key, future in zip(keys, pending, strict=True)

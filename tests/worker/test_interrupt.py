@@ -77,7 +77,7 @@ def store(server: RedisServer) -> Iterator[JobStore]:
         client.close()
 
 
-def watched(store: JobStore, work: Callable[[], None], limit: TimeLimit | None = None,
+def watched(store: JobStore, work: Callable[[], object], limit: TimeLimit | None = None,
             stuck: list[type[Interrupted]] | None = None) -> tuple[threading.Thread, list[BaseException]]:
     """`work` on a thread inside an Interrupter, watched as a running job's attempt is."""
     ended: list[BaseException] = []
@@ -141,17 +141,27 @@ def test_an_attempt_that_ignores_its_interrupt_is_abandoned(monkeypatch: pytest.
     monkeypatch.setattr(tasks, "STUCK_S", 0.5)
     interrupt.set_phase("building the model")
     stuck: list[type[Interrupted]] = []
-    thread, _ = watched(store, lambda: time.sleep(4), stuck=stuck)  # one C call: no bytecode to land on
+    gate = threading.Lock()
+    gate.acquire()
+    # One C call that returns only when the test lets it: no bytecode for the interrupt to land on.
+    thread, _ = watched(store, gate.acquire, stuck=stuck)
     store.request_cancel("job1")
-    wait_until(lambda: stuck, timeout=4, what="the stuck attempt to be abandoned")
-    assert stuck[0] is CancelInterrupt
+    try:
+        wait_until(lambda: stuck, timeout=10, what="the stuck attempt to be abandoned")
+        assert stuck[0] is CancelInterrupt
+    finally:
+        gate.release()
     thread.join(timeout=10)
 
 
 def test_the_phase_is_published_with_the_job(store: JobStore) -> None:
     store.redis.hset(job_key("job1"), mapping={"state": JobState.RUNNING.value})
     interrupt.set_phase("preparing the data")
-    thread, _ = watched(store, busy(1.0))
-    wait_until(lambda: store.redis.hget(job_key("job1"), "phase") == "preparing the data", timeout=3,
-               what="the phase in the job's record")
+    released = threading.Event()
+    thread, _ = watched(store, lambda: released.wait(30))  # runs until the phase is seen, however long that takes
+    try:
+        wait_until(lambda: store.redis.hget(job_key("job1"), "phase") == "preparing the data", timeout=10,
+                   what="the phase in the job's record")
+    finally:
+        released.set()
     thread.join(timeout=5)

@@ -203,8 +203,10 @@ def test_a_truly_slower_policy_is_called_slower_with_an_interval_that_excludes_1
     slowed, same = (t.speed for t in timed)
     assert slowed is not None and same is not None
     assert slowed.difference == "slower" and slowed.interval[0] > 1.0 and slowed.interval[0] > (slowed.noise_high or 0)
-    # 10 ms on top of a step of about a millisecond or more: the policy's median step grew by about that.
-    assert slowed.policy_ms - slowed.float32_ms == pytest.approx(10, abs=5)
+    # 10 ms on top of a step of about a millisecond: a sleep never ends early, so the policy's median step grew by
+    # at least that, less what bfloat16 may save (up to its float32 step here). No upper bound: on a processor
+    # without native bfloat16 its own step costs milliseconds more.
+    assert slowed.policy_ms - slowed.float32_ms >= 10 - slowed.float32_ms
     assert same.difference == "none", same
     assert "slower than float32" in speed_words(slowed.slowdown, *slowed.interval, slowed.difference)
 

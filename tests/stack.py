@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import re
 import signal
@@ -222,7 +223,7 @@ def freeze_mid_run(stack: Stack, client: httpx.Client, spec: dict[str, Any], pas
         pid = wait_until(started, 120, f"job {job_id} to start")
         wait_until(passed, 120, f"job {job_id} past step {past_step}", interval=0.001)
         os.killpg(pid, signal.SIGSTOP)
-        wait_until(lambda pid=pid: stopped(pid), 10, f"worker {pid} to stop", interval=0.001)  # pid: this round's
+        wait_until(functools.partial(stopped, pid), 10, f"worker {pid} to stop", interval=0.001)
         state, step = r.hmget(job_key(job_id), "state", "step")
         if state == "running" and int(str(step)) < spec["training"]["steps"]:
             return job_id, pid, spec

@@ -33,7 +33,7 @@ from worker.float32_check import Float32Check
 from worker.interrupt import phase, set_phase
 from worker.lifecycle import Checkpointer, StopControl, TimeLimit
 from worker.memory import check_fits, release
-from worker.models import BuiltModel, build_model
+from worker.models import BuiltModel, all_layers, build_model
 from worker.optimizer import TelemetryOptimizer
 from worker.recorder import StepRecorder
 from worker.speed import check_after_run
@@ -84,15 +84,13 @@ def make_optimizer(spec: JobSpec) -> TelemetryOptimizer:
 
 
 def _vocab(model: keras.Model, spec: JobSpec) -> int | None:
-    """The range of synthetic token ids: the first top-level Embedding's, else a nested model's; an .npz has its own."""
+    """The range of synthetic token ids: below every Embedding's input_dim (nested ones' too), so each can take
+    them; an .npz has its own."""
     if spec.dataset.kind == "npz" or "int" not in str(model.inputs[0].dtype):
         return None
-    found = list(model.layers)
-    for layer in found:  # breadth first, through nested models and wrappers (TimeDistributed, Bidirectional)
-        if isinstance(layer, keras.layers.Embedding):
-            return int(layer.input_dim)
-        found.extend(getattr(layer, "layers", None) or [])
-        found.extend(inner for inner in (getattr(layer, "layer", None),) if isinstance(inner, keras.layers.Layer))
+    ranges = [int(layer.input_dim) for layer in all_layers(model) if isinstance(layer, keras.layers.Embedding)]
+    if ranges:
+        return min(ranges)
     raise InvalidModel("model has integer inputs but no Embedding layer to size the synthetic token ids: add one, "
                        "or train on your own ids (dataset.kind 'npz').")
 

@@ -128,6 +128,33 @@ def named_failure(exc: Exception, compute_dtype: str, backend: str, device_kind:
     memory = out_of_memory(exc)
     if memory is not None:
         return memory
-    text = str(exc)
-    first_line = text.strip().splitlines()[0] if text.strip() else ""
-    return JobFailed(f"{type(exc).__name__}: {first_line[:500]}")
+    return JobFailed(f"{type(exc).__name__}: {error_cause(str(exc))[:500]}")
+
+
+_BOLD = re.compile(r"\x1b\[1m(?P<cause>.*?)\x1b\[0m", re.S)
+_NODE = re.compile(r"Detected at node (?P<node>\S+)")
+
+
+def error_cause(text: str) -> str:
+    """A backend error's cause on one line, not the heading Keras or TensorFlow put before it.
+
+    >>> error_cause("Exception encountered when calling LSTM.call().\\n\\n\\x1b[1mIf an RNN is stateful, ...\\n"
+    ...             "- Expected batch size: 4\\x1b[0m\\n\\nArguments received by LSTM.call():\\n  • mask=None")
+    'If an RNN is stateful, ... - Expected batch size: 4 (in LSTM.call())'
+    >>> error_cause("Graph execution error:\\n\\nDetected at node model/embedding/GatherV2 defined at (most recent "
+    ...             "call last):\\n  File \\"x.py\\"\\n\\nindices[0,0] = 25 is not in [0, 5)\\n\\t [[{{node}}]]")
+    'indices[0,0] = 25 is not in [0, 5) (at node model/embedding/GatherV2)'
+    """
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    bold = _BOLD.search(text)
+    if bold and lines[0].startswith("Exception encountered when calling"):  # Keras: the cause is in bold
+        layer = lines[0].removeprefix("Exception encountered when calling").strip().rstrip(".")
+        return f"{' '.join(bold['cause'].split())} (in {layer})"
+    if lines[0].rstrip().endswith(":") and len(lines) > 1:  # TensorFlow: a heading, the traceback, the cause
+        causes = [line for line in lines[1:] if not line[0].isspace() and not line.startswith(("Detected at", "[["))]
+        node = _NODE.search(text)
+        if causes:
+            return causes[-1].strip() + (f" (at node {node['node']})" if node else "")
+    return lines[0]

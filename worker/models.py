@@ -149,17 +149,39 @@ _BUILDERS: dict[type, Callable[[Any], keras.Model]] = {
 }
 
 
+def all_layers(model: keras.Model) -> list[keras.layers.Layer]:
+    """Every layer, breadth first: the model's own, then those inside nested models and wrappers
+    (TimeDistributed, Bidirectional), by Keras's public attributes."""
+    found = list(model.layers)
+    for layer in found:
+        found.extend(getattr(layer, "layers", None) or [])
+        found.extend(inner for inner in (getattr(layer, "layer", None),) if isinstance(inner, keras.layers.Layer))
+    return found
+
+
+def _in_float32(config: Any, names: tuple[str, ...]) -> None:
+    """Set the dtype of the layer configs named `names`, at any depth (nested models), to float32."""
+    if isinstance(config, dict):
+        inner = config.get("config")
+        named = isinstance(inner, dict) and inner.get("name") in names
+        if named and config.get("class_name") in FLOAT16_MISSING_ON_CPU:
+            inner["dtype"] = "float32"  # type: ignore[index]
+        for value in config.values():
+            _in_float32(value, names)
+    elif isinstance(config, list):
+        for value in config:
+            _in_float32(value, names)
+
+
 def _float32_fallback(model: keras.Model, compute_dtype: str, on_cpu_tf: bool) -> tuple[keras.Model, tuple[str, ...]]:
-    """Run layers with no float16 CPU kernel in float32 (max pooling is exact either way)."""
+    """Run layers with no float16 CPU kernel in float32, nested ones too (max pooling is exact either way)."""
     if compute_dtype != "float16" or not on_cpu_tf:
         return model, ()
-    names = tuple(layer.name for layer in model.layers if type(layer).__name__ in FLOAT16_MISSING_ON_CPU)
+    names = tuple(layer.name for layer in all_layers(model) if type(layer).__name__ in FLOAT16_MISSING_ON_CPU)
     if not names:
         return model, ()
     config = model.get_config()
-    for layer_config in config["layers"]:
-        if layer_config["config"].get("name") in names:
-            layer_config["config"]["dtype"] = "float32"
+    _in_float32(config, names)
     rebuilt = model.__class__.from_config(config)
     rebuilt.set_weights(model.get_weights())  # Same initial weights as every other policy.
     return rebuilt, names
@@ -168,9 +190,12 @@ def _float32_fallback(model: keras.Model, compute_dtype: str, on_cpu_tf: bool) -
 _NUMERIC_KINDS = ("float", "bfloat", "int", "uint", "bool")
 
 
-def _check_trainable(model: keras.Model, source: str) -> None:
-    """Refuse what the engine cannot train on generated data: open shapes, several inputs or outputs,
-    non-numeric inputs, nothing to train."""
+_CLASS_LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy")
+
+
+def _check_trainable(model: keras.Model, source: str, loss_name: str) -> None:
+    """Refuse what the engine cannot train on generated data: open or empty shapes, several inputs or outputs,
+    non-numeric inputs, a class loss without classes, nothing to train."""
     if not model.built:
         raise InvalidModel(f"{source} must declare its input shape: start it with keras.Input(shape). "
                            f"Received: a {type(model).__name__} that was never built.")
@@ -191,6 +216,15 @@ def _check_trainable(model: keras.Model, source: str) -> None:
                     f"{source} {kind} has shape {shape}: every dimension but the batch must be fixed, because "
                     f"mpjobs generates synthetic data of that shape. Received: {kind} {tensor.name!r}, shape={shape}"
                 )
+            if 0 in shape[1:]:
+                raise InvalidModel(f"{source} {kind} has shape {shape}: a dimension of size 0 holds no values, so "
+                                   f"its mean loss is NaN. Received: {kind} {tensor.name!r}, shape={shape}")
+    out_shape = tuple(model.outputs[0].shape)
+    if loss_name in _CLASS_LOSSES and (len(out_shape) < 2 or out_shape[-1] < 2):
+        raise InvalidModel(
+            f"{source} output has shape {out_shape}: loss {loss_name!r} needs a last axis of at least 2 classes "
+            f"(one score per class); one class makes the loss 0 for every input. For one yes/no output use "
+            f"'binary_crossentropy'. Received: output shape={out_shape}")
     if not model.trainable_weights:
         names = ", ".join(layer.name for layer in model.layers)
         raise InvalidModel(
@@ -268,7 +302,7 @@ def build_model(spec: JobSpec, *, on_cpu_tf: bool) -> BuiltModel:
         raise
     finally:
         keras.config.set_dtype_policy(previous)
-    _check_trainable(model, "model.keras_json" if isinstance(m, KerasJsonModel) else "model")
+    _check_trainable(model, "model.keras_json" if isinstance(m, KerasJsonModel) else "model", loss_name)
     return BuiltModel(
         model, loss, loss_name, output_dtype=keras.backend.standardize_dtype(model.outputs[0].dtype),
         float32_layers=float32_layers, penalties=_float32_penalties(model),

@@ -32,6 +32,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from app.core.errors import NoGradient
 from worker.replicas import all_reduce_sum, apply_on_every_replica, replica_context
 from worker.step_vector import GRADS_FINITE, TELEMETRY_FIELDS, ZERO_COUNT_SPLIT, Telemetry
 
@@ -249,6 +250,8 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
                 self.build(trainable_variables or [])
             self.built = True
         grads, total_loss, replicas = list(grads), None, replica_context()
+        if grads and all(g is None for g in grads):  # seen while tracing: fail named, not as Keras's ValueError
+            raise NoGradient(len(grads))
         if replicas is not None:  # several replicas: measure the all-reduced gradients (worker/replicas.py)
             grads, total_loss = all_reduce_sum(replicas, grads, self.batch_loss.value)
         apply, unscaled, telemetry = self._measure(grads, list(trainable_variables or []), total_loss)
@@ -260,11 +263,8 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         elif self.mode == "none":
             self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables)
         else:
-            ops.cond(
-                apply,
-                lambda: self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables),
-                lambda: None,
-            )
+            ops.cond(apply, lambda: self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables),
+                     lambda: None)
         self._update_scale(finite)
 
     def stateless_apply(

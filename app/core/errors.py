@@ -184,6 +184,16 @@ class InvalidModel(JobFailed):
     reason = FailureReason.INVALID_MODEL
 
 
+class NoGradient(InvalidModel):
+    """No gradient reaches any trainable weight: training would change nothing."""
+
+    def __init__(self, weights: int) -> None:
+        super().__init__(
+            f"No gradient reaches any of the model's {weights} trainable weights: its output is cut off from "
+            "them (cast to an integer or boolean, ops.stop_gradient, Discretization), so training cannot change "
+            "them. Make the output a float that depends on the weights.")
+
+
 class InvalidDataset(JobFailed):
     reason = FailureReason.INVALID_DATASET
 

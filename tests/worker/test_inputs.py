@@ -241,3 +241,72 @@ def test_cli_refuses_a_bad_spec_and_writes_nothing(tmp_path: Path) -> None:
     assert error["reason"] == "invalid_spec"
     assert {e["field"] for e in error["errors"]} == {"precision_policy", "training.learning_rate"}
     assert not (tmp_path / "out").exists()
+
+
+def keras_job(model: keras.Model, loss: str = "mse", **fields: object) -> dict[str, object]:
+    return {"model": {"keras_json": model.to_json(), "loss": loss}, "training": {"steps": 2, "batch_size": 8},
+            "dataset": {"samples": 16}, **fields}
+
+
+def named(train: Train, spec: dict[str, object]) -> JobFailed:
+    with pytest.raises(JobFailed) as raised:
+        train(spec_of(**spec))
+    return raised.value
+
+
+def test_a_class_loss_without_a_class_axis_and_an_empty_shape_are_invalid_models(train: Train) -> None:
+    """Found by running many models from outside: each failed `internal` (an IndexError in the synthetic labels,
+    Keras's rank check), or `diverged` on the NaN mean of no values."""
+    inputs = keras.Input((8,))
+    scalar = keras.Model(inputs, keras.layers.Reshape(())(keras.layers.Dense(1)(inputs)))
+    one_class = keras.Model(inputs, keras.layers.Reshape((4, 1))(keras.layers.Dense(4)(inputs)))
+    for model, loss, shape in [(scalar, "sparse_categorical_crossentropy", "(None,)"),
+                               (scalar, "categorical_crossentropy", "(None,)"),
+                               (one_class, "sparse_categorical_crossentropy", "(None, 4, 1)")]:
+        failure = named(train, keras_job(model, loss))
+        assert failure.reason is FailureReason.INVALID_MODEL, failure
+        assert failure.message.startswith(f"model.keras_json output has shape {shape}: loss {loss!r} needs a last "
+                                          "axis of at least 2 classes"), failure.message
+    empty = keras.Input((0, 4))
+    failure = named(train, keras_job(keras.Model(empty, keras.layers.Dense(2)(keras.layers.Flatten()(empty)))))
+    assert failure.reason is FailureReason.INVALID_MODEL
+    assert failure.message.startswith("model.keras_json input has shape (None, 0, 4): a dimension of size 0")
+
+
+@pytest.mark.parametrize(("policy", "loss_scale"), [("float32", "none"), ("mixed_float16", "dynamic")])
+def test_an_output_no_gradient_reaches_is_an_invalid_model_under_any_policy(train: Train, policy: str,
+                                                                            loss_scale: str) -> None:
+    """Before: `internal` (Keras's "No gradients provided") under float32, and under loss scaling every step
+    "skipped" with non-finite gradients and the scale halving, explained as overflow."""
+    inputs = keras.Input((8,))
+    model = keras.Model(inputs, keras.ops.stop_gradient(keras.layers.Dense(2)(inputs)))
+    failure = named(train, keras_job(model, precision_policy=policy, loss_scale=loss_scale))
+    assert failure.reason is FailureReason.INVALID_MODEL
+    assert failure.message.startswith("No gradient reaches any of the model's 2 trainable weights"), failure.message
+
+
+def test_token_ids_fit_every_embedding_and_a_nested_layer_without_a_float16_kernel_runs_in_float32(
+        train: Train) -> None:
+    ids = keras.Input((6,), dtype="int32")  # two Embeddings read the same ids: the ids must fit the smaller one
+    both = [keras.layers.Flatten()(keras.layers.Embedding(n, 4)(ids)) for n in (50, 5)]
+    result, _ = train(spec_of(**keras_job(keras.Model(ids, keras.layers.Dense(2)(keras.layers.Concatenate()(both))))))
+    assert result.status == "succeeded"
+    volume = keras.Input((6, 6, 6, 1))  # MaxPooling3D has no float16 CPU kernel, nested as at the top level
+    inner = keras.Sequential([keras.Input((6, 6, 6, 1)), keras.layers.Conv3D(2, 3), keras.layers.MaxPooling3D(),
+                              keras.layers.Flatten()], name="inner")
+    model = keras.Model(volume, keras.layers.Dense(2)(inner(volume)))
+    result, reporter = train(spec_of(**keras_job(model, precision_policy="mixed_float16")))
+    assert result.status == "succeeded" and len(reporter.records) == 2  # before: unsupported_precision_on_device
+    assert [d.message for d in result.summary.diagnoses if d.code == "float32_fallback"] == [
+        "This device has no float16 kernel for max_pooling3d, so those layers ran in float32 (pooling is exact in "
+        "either precision); the rest of the model ran under mixed_float16."]
+
+
+def test_a_keras_error_names_its_cause_not_its_heading(train: Train) -> None:
+    """A stateful LSTM built for batches of 4, trained on 8: Keras's first line says only where it failed."""
+    model = keras.Sequential([keras.Input((5, 3), batch_size=4), keras.layers.LSTM(4, stateful=True),
+                              keras.layers.Dense(2)])
+    failure = named(train, keras_job(model))
+    assert failure.message.startswith("ValueError: If an RNN is stateful, the batch size of the input sequences "
+                                      "must be the same as the batch size of the initial state."), failure.message
+    assert "Expected batch size: 4 - Received batch size: 8 (in LSTM.call())" in failure.message

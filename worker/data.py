@@ -71,9 +71,9 @@ class Dataset:
             first, size = last, size * 2
 
 
-def _teacher_features(x: np.ndarray, rng: np.random.Generator, vocab: int | None) -> np.ndarray:
-    if vocab is not None:
-        table = rng.standard_normal((vocab, TOKEN_FEATURES)).astype(np.float32)
+def _teacher_features(x: np.ndarray, rng: np.random.Generator, ids: range | None) -> np.ndarray:
+    if ids is not None:
+        table = rng.standard_normal((ids.stop, TOKEN_FEATURES)).astype(np.float32)
         flat = table[x].reshape(len(x), -1, TOKEN_FEATURES).mean(axis=1)  # ids of any shape: the mean of all
     else:
         flat = x.reshape(len(x), -1)
@@ -88,19 +88,19 @@ def synthetic(
     loss_name: str,
     samples: int,
     seed: int,
-    vocab: int | None = None,
+    ids: range | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Inputs from N(0, 1) (or uniform tokens); labels from a random teacher network."""
+    """Inputs from N(0, 1) (or token ids uniform over `ids`); labels from a random teacher network."""
     rng = np.random.default_rng(seed)
     shape = (samples, *input_shape)
     x: np.ndarray = (
-        rng.integers(0, vocab, size=shape, dtype=np.int32)
-        if vocab is not None
+        rng.integers(ids.start, ids.stop, size=shape, dtype=np.int32)
+        if ids is not None
         else rng.standard_normal(shape, dtype=np.float32)
     )
     if loss_name in {"output_mean", "scan_voxel_sum"}:
         return x, np.zeros((samples, 1), np.float32)
-    hidden = _teacher_features(x, rng, vocab)
+    hidden = _teacher_features(x, rng, ids)
     out_size = math.prod(output_shape)
     w2 = rng.standard_normal((TEACHER_WIDTH, out_size)).astype(np.float32)
     scores = (hidden @ w2).reshape(samples, *output_shape)
@@ -178,7 +178,7 @@ def load_dataset(
     output_shape: tuple[int, ...],
     loss_name: str,
     data_root: Path,
-    vocab: int | None = None,
+    ids: range | None = None,
 ) -> Dataset:
     d = spec.dataset
     if isinstance(d, NpzDataset):
@@ -188,7 +188,7 @@ def load_dataset(
                 f"dataset 'x' samples have shape {tuple(x.shape[1:])}; the model expects {tuple(input_shape)}."
             )
     else:
-        x, y = synthetic(input_shape, output_shape, loss_name, d.samples, d.seed, vocab)
+        x, y = synthetic(input_shape, output_shape, loss_name, d.samples, d.seed, ids)
     if len(x) < spec.training.batch_size:
         raise InvalidDataset(
             f"dataset has {len(x)} samples, fewer than training.batch_size={spec.training.batch_size}."

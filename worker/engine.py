@@ -83,14 +83,15 @@ def make_optimizer(spec: JobSpec) -> TelemetryOptimizer:
     return TelemetryOptimizer(inner, mode="none")
 
 
-def _vocab(model: keras.Model, spec: JobSpec) -> int | None:
-    """The range of synthetic token ids: below every Embedding's input_dim (nested ones' too), so each can take
-    them; an .npz has its own."""
+def _token_ids(model: keras.Model, spec: JobSpec) -> range | None:
+    """Synthetic token ids: below every Embedding's input_dim (nested ones' too), so each can take them, and
+    from 1 where one masks 0 (padding, which real ids have only at the ends); an .npz has its own."""
     if spec.dataset.kind == "npz" or "int" not in str(model.inputs[0].dtype):
         return None
-    ranges = [int(layer.input_dim) for layer in all_layers(model) if isinstance(layer, keras.layers.Embedding)]
-    if ranges:
-        return min(ranges)
+    embeddings = [layer for layer in all_layers(model) if isinstance(layer, keras.layers.Embedding)]
+    if embeddings:
+        stop = min(int(layer.input_dim) for layer in embeddings)
+        return range(1 if stop > 1 and any(layer.mask_zero for layer in embeddings) else 0, stop)
     raise InvalidModel("model has integer inputs but no Embedding layer to size the synthetic token ids: add one, "
                        "or train on your own ids (dataset.kind 'npz').")
 
@@ -172,7 +173,7 @@ class Training:
         set_phase("preparing the data")
         self.dataset = load_dataset(
             spec, tuple(model.input_shape[1:]), tuple(model.output_shape[1:]), built.loss_name,
-            settings.data_root, _vocab(model, spec),
+            settings.data_root, _token_ids(model, spec),
         )
         set_phase("restoring the checkpoint")
 

@@ -310,3 +310,13 @@ def test_a_keras_error_names_its_cause_not_its_heading(train: Train) -> None:
     assert failure.message.startswith("ValueError: If an RNN is stateful, the batch size of the input sequences "
                                       "must be the same as the batch size of the initial state."), failure.message
     assert "Expected batch size: 4 - Received batch size: 8 (in LSTM.call())" in failure.message
+
+
+def test_synthetic_ids_hold_no_padding_for_an_embedding_that_masks_zero(train: Train) -> None:
+    """Before: id 0 drawn too, so a whole row of two ids was often all padding; the masked mean of nothing is
+    NaN, and the job failed `diverged` with advice about the learning rate."""
+    ids = keras.Input((2,), dtype="int32")
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(3, 4, mask_zero=True)(ids))
+    result, reporter = train(spec_of(**keras_job(keras.Model(ids, keras.layers.Dense(2)(pooled)))))
+    assert result.status == "succeeded"
+    assert all(r.loss is not None and r.grads_finite for r in reporter.records)

@@ -110,6 +110,11 @@ def synthetic(
         return x, np.eye(output_shape[-1], dtype=np.float32)[scores.argmax(axis=-1)]
     if loss_name == "binary_crossentropy":
         return x, (scores > 0).astype(np.float32)
+    if loss_name in {"hinge", "squared_hinge"}:  # a margin loss's labels are -1 or 1
+        return x, np.where(scores > 0, 1.0, -1.0).astype(np.float32)
+    if loss_name == "kl_divergence":  # a distribution over the last axis, as the model's softmax gives
+        shifted = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        return x, (shifted / shifted.sum(axis=-1, keepdims=True)).astype(np.float32)
     return x, scores.astype(np.float32)
 
 

@@ -120,7 +120,8 @@ KerasLoss = Literal[
 """Keras's loss functions by name, for which the synthetic data makes fitting labels, and `output_mean`.
 
 Class indices for sparse_categorical_crossentropy, one-hot rows for
-categorical_crossentropy, 0/1 for binary_crossentropy, real values for the rest.
+categorical_crossentropy, 0/1 for binary_crossentropy, -1/1 for the hinge losses, a
+distribution over the last axis for kl_divergence, real values for the rest.
 Losses that need other labels (poisson's counts, the focal and ctc losses) are left out.
 """
 KERAS_LOSSES: tuple[str, ...] = get_args(KerasLoss)

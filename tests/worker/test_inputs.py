@@ -320,3 +320,20 @@ def test_synthetic_ids_hold_no_padding_for_an_embedding_that_masks_zero(train: T
     result, reporter = train(spec_of(**keras_job(keras.Model(ids, keras.layers.Dense(2)(pooled)))))
     assert result.status == "succeeded"
     assert all(r.loss is not None and r.grads_finite for r in reporter.records)
+
+
+@pytest.mark.parametrize("loss", ["kl_divergence", "hinge", "squared_hinge"])
+def test_synthetic_labels_are_what_the_loss_takes(train: Train, loss: str) -> None:
+    """Before: real-valued teacher scores for all three; a width-1 softmax under kl_divergence reported a negative
+    loss (-0.23), which a divergence never is."""
+    from worker.data import synthetic
+
+    _, y = synthetic((8,), (3,), loss, 64, 0)
+    if loss == "kl_divergence":
+        assert np.all(y > 0) and np.allclose(y.sum(axis=-1), 1.0, atol=1e-6)
+    else:
+        assert set(np.unique(y)) == {-1.0, 1.0}
+    inputs = keras.Input((8,))
+    head = keras.layers.Dense(3, activation="softmax" if loss == "kl_divergence" else "tanh")(inputs)
+    result, reporter = train(spec_of(**keras_job(keras.Model(inputs, head), loss)))
+    assert result.status == "succeeded" and all(r.loss is not None and r.loss >= 0 for r in reporter.records)

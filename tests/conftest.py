@@ -16,7 +16,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 SLOWEST_FIRST = (
     "tests/worker/test_gpu_speedup.py", "tests/service/test_load.py", "tests/worker/test_replicas.py",
     "tests/service/test_comparisons.py", "tests/worker/test_jax_backend.py", "tests/service/test_memory.py",
-    "tests/service/test_crash.py", "tests/test_bench_engine.py", "tests/service/test_fuzz.py",
+    "tests/service/test_crash.py", "tests/worker/test_numerics_architectures.py", "tests/test_bench_engine.py",
+    "tests/service/test_fuzz.py",
     "tests/service/test_retention.py", "tests/test_bench_smoke.py", "tests/service/test_dashboard.py",
     "tests/test_bench_service.py", "tests/service/test_observability.py", "tests/test_bench_peers.py",
     "tests/worker/test_speed.py", "tests/service/test_cli.py", "tests/service/test_e2e.py",

@@ -163,9 +163,9 @@ def _in_float32(config: Any, names: tuple[str, ...]) -> None:
     """Set the dtype of the layer configs named `names`, at any depth (nested models), to float32."""
     if isinstance(config, dict):
         inner = config.get("config")
-        named = isinstance(inner, dict) and inner.get("name") in names
-        if named and config.get("class_name") in FLOAT16_MISSING_ON_CPU:
-            inner["dtype"] = "float32"  # type: ignore[index]
+        if (isinstance(inner, dict) and inner.get("name") in names
+                and config.get("class_name") in FLOAT16_MISSING_ON_CPU):
+            inner["dtype"] = "float32"
         for value in config.values():
             _in_float32(value, names)
     elif isinstance(config, list):

@@ -1,17 +1,20 @@
 # Two images from one file:
 #   docker build --target api    -t mpjobs-api .     # FastAPI, no TensorFlow
-#   docker build --target worker -t mpjobs-worker .  # GPU TensorFlow (CUDA wheels from PyPI)
+#   docker build --target worker -t mpjobs-worker .  # GPU TensorFlow (CUDA wheels from PyPI): the worker-gpu extra
 #   docker build --target tensorboard -t mpjobs-tb . # TensorBoard over the artifacts volume
 FROM python:3.11-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# The API and the worker run from here (app/, worker/); pip installs only the client package, mpjobs,
+# with the extras that give the API's or the worker's dependencies.
 WORKDIR /srv
+ENV PYTHONPATH=/srv
 COPY pyproject.toml README.md ./
 COPY app ./app
 COPY mpjobs ./mpjobs
 COPY worker ./worker
 
 FROM base AS api
-RUN pip install .
+RUN pip install ".[api]"
 RUN useradd --create-home mpjobs && mkdir -p /data/artifacts /data/datasets && chown -R mpjobs /data
 USER mpjobs
 ENV ARTIFACTS_DIR=/data/artifacts DATA_ROOT=/data/datasets
@@ -20,7 +23,7 @@ HEALTHCHECK CMD python -c "import urllib.request; urllib.request.urlopen('http:/
 CMD ["uvicorn", "app.main:app", "--host", "0.0.0.0", "--port", "8000"]
 
 FROM base AS worker
-ARG EXTRAS=gpu
+ARG EXTRAS=worker-gpu
 RUN pip install ".[${EXTRAS}]"
 RUN useradd --create-home mpjobs && mkdir -p /data/artifacts /data/datasets && chown -R mpjobs /data
 USER mpjobs

@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= cpu,dev,bench
+EXTRAS ?= api,worker,dev,bench
 comma := ,
 INSTALLED := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 

@@ -19,29 +19,29 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.api.auth import parse_api_keys
 from app.api.job_views import JobViews
 from app.api.limits import BodySizeLimit
-from app.api.memory import MemoryGauge
 from app.api.page_reads import PageReads
+from app.api.redis_memory import MemoryGauge
 from app.api.routes import comparisons, dashboard, health, jobs, layers, metrics, prometheus
 from app.api.services import LiveWorkers
 from app.api.validation import validation_error
 from app.core.config import Settings, get_settings
 from app.core.errors import (
     DeleteRefused,
+    DomainError,
     IdempotencyConflict,
     JobAlreadyEnded,
     JobNotFound,
-    MpjobsError,
+    NotAuthenticated,
     ServiceUnavailable,
     SpecRefused,
-    Unauthorized,
 )
 from app.store import JobStore
 
 log = logging.getLogger("mpjobs.api")
 
-_STATUS: dict[type[MpjobsError], int] = {
+_STATUS: dict[type[DomainError], int] = {
     JobNotFound: status.HTTP_404_NOT_FOUND,
-    Unauthorized: status.HTTP_401_UNAUTHORIZED,
+    NotAuthenticated: status.HTTP_401_UNAUTHORIZED,
     IdempotencyConflict: status.HTTP_409_CONFLICT,
     DeleteRefused: status.HTTP_409_CONFLICT,
     JobAlreadyEnded: status.HTTP_409_CONFLICT,
@@ -49,7 +49,7 @@ _STATUS: dict[type[MpjobsError], int] = {
 }
 
 
-def _status_of(exc: MpjobsError) -> int:
+def _status_of(exc: DomainError) -> int:
     for kind in type(exc).__mro__:
         if kind in _STATUS:
             return _STATUS[kind]
@@ -97,8 +97,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(dashboard.router)
     app.mount("/static", dashboard.static_files, name="static")
 
-    @app.exception_handler(MpjobsError)
-    async def domain_error(request: Request, exc: MpjobsError) -> JSONResponse:
+    @app.exception_handler(DomainError)
+    async def domain_error(request: Request, exc: DomainError) -> JSONResponse:
         code = _status_of(exc)
         headers = {"WWW-Authenticate": "Bearer"} if code == status.HTTP_401_UNAUTHORIZED else None
         body = {"detail": str(exc), **({"state": exc.state} if isinstance(exc, JobAlreadyEnded) else {})}

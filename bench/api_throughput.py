@@ -50,8 +50,6 @@ import redis
 from rq import Queue
 
 from app.core import clock
-from app.core.job import JobState, WorkerInfo
-from app.core.records import StepRecord, Summary
 from app.store import JobStore
 from app.store.retention import Archiver
 from bench import baseline_app, report
@@ -66,7 +64,9 @@ from bench.loadgen import (
     wrk,
 )
 from bench.report import Row
-from worker.reporter import RedisReporter
+from mpjobs.contract.jobs import JobState, WorkerInfo
+from mpjobs.contract.records import StepRecord, Summary
+from worker.telemetry.redis_reporter import RedisReporter
 
 BENCH = "api throughput"
 RATIO_GOAL = 0.70

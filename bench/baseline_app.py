@@ -20,8 +20,8 @@ import redis
 import redis.asyncio
 from fastapi import FastAPI, HTTPException, Request
 
-from app.core.job import MetricsPage
 from app.store import JobStore
+from mpjobs.contract.jobs import MetricsPage
 
 KEY = "bench:baseline"
 """The key `/get` reads; the bench sets it before loading."""

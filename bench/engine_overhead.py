@@ -9,7 +9,7 @@ per step: gradient statistics, the telemetry vector, the record, reporting.
 
 The machine's speed drifts by 10-30% over seconds, more than the effect
 measured, so the sides are not run one after another. Each pair builds two
-sides in one process: the engine (`worker.engine.Training`, the same object
+sides in one process: the engine (`worker.engine.training.Training`, the same object
 `run_job` drives) and bare Keras. The run's steps are cut into `PIECES`
 pieces and the two take turns piece by piece, alternating who goes first,
 each training the same batches. Each repeat runs two pairs: the engine with
@@ -39,13 +39,13 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from app.core.config import Settings
-from app.core.spec import JobSpec
 from bench.report import Row, cli  # noqa: E402
-from worker.data import SEGMENT_BYTES  # noqa: E402
-from worker.devices import detect_device  # noqa: E402
-from worker.engine import Training, never  # noqa: E402
-from worker.models import build_model  # noqa: E402
-from worker.telemetry import ListReporter  # noqa: E402
+from mpjobs.contract.spec import JobSpec
+from worker.engine.data import SEGMENT_BYTES  # noqa: E402
+from worker.engine.devices import detect_device  # noqa: E402
+from worker.engine.models import build_model  # noqa: E402
+from worker.engine.training import Training, never  # noqa: E402
+from worker.telemetry.reporters import ListReporter  # noqa: E402
 
 GOAL = 1.05
 PIECES = 5

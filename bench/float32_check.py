@@ -1,9 +1,9 @@
 """The float32 check's cost: the engine with the check at its default interval against the same
 engine with the check off (`training.underflow_check_every=0`); and the layer checks' cost (per-layer
-numerics, worker/layer_numerics.py, riding on the float32 check's steps by default): the engine with
+numerics, worker/numerics/layer_numerics.py, riding on the float32 check's steps by default): the engine with
 both against the same engine with the layer checks off (`training.layer_check_every=0`).
 
-Both sides are `worker.engine.Training`, the object `run_job` drives, on the same spec and batches;
+Both sides are `worker.engine.training.Training`, the object `run_job` drives, on the same spec and batches;
 they take turns piece by piece as in `bench.engine_overhead` (order alternating, the ratio the
 median over pieces of the two sides' seconds per step). A check runs before the steps it is due
 on, so the steady-state figure (the time between step ends) includes every check after step 1.
@@ -27,10 +27,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 
-from app.core.spec import UNDERFLOW_CHECK_EVERY, JobSpec
 from bench.engine_overhead import GOAL, PIECES, Engine, _per_step, _piece_ratios, take_turns  # noqa: E402
 from bench.report import Row, cli  # noqa: E402
-from worker.data import SEGMENT_BYTES  # noqa: E402
+from mpjobs.contract.spec import UNDERFLOW_CHECK_EVERY, JobSpec
+from worker.engine.data import SEGMENT_BYTES  # noqa: E402
 
 MODEL = {"name": "mlp"}
 POLICY = "mixed_float16"

@@ -1,6 +1,6 @@
 """GPU speedup: mixed precision against float32, through the engine, under JAX.
 
-Runs `worker.engine.run_job` (what a worker runs, telemetry and all) with
+Runs `worker.engine.training.run_job` (what a worker runs, telemetry and all) with
 KERAS_BACKEND=jax, so a GPU host with JAX and no TensorFlow can run it: beside
 JAX it needs only keras, pydantic and pydantic-settings, and this repo's
 `app/`, `worker/` and `bench/` packages. Each model (transformer, cnn) trains
@@ -92,11 +92,11 @@ if BACKEND == "jax":
 
 from app.core.config import Settings  # noqa: E402
 from app.core.errors import JobFailed  # noqa: E402
-from app.core.model_specs import CnnModel, TransformerModel  # noqa: E402
-from app.core.spec import JobSpec  # noqa: E402
 from bench.report import Row, median, table  # noqa: E402
-from worker.engine import release_memory, run_job  # noqa: E402
-from worker.telemetry import ListReporter  # noqa: E402
+from mpjobs.contract.model_specs import CnnModel, TransformerModel  # noqa: E402
+from mpjobs.contract.spec import JobSpec  # noqa: E402
+from worker.engine.training import release_memory, run_job  # noqa: E402
+from worker.telemetry.reporters import ListReporter  # noqa: E402
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 GOAL = 2.5
@@ -252,7 +252,7 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
     if BACKEND != "jax":
         import tensorflow as tf
 
-        from worker.devices import detect_device
+        from worker.engine.devices import detect_device
 
         found = detect_device(args.devices)  # on a CPU, splits it into --devices logical devices first
         return {"date": datetime.now(UTC).isoformat(timespec="seconds"), "devices_per_job": args.devices,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.stack import ROOT, RedisServer, free_port, wait_until
+from scripts.stack import ROOT, RedisServer, free_port, wait_until
 
 WRK_INSTALL = "apt-get install -y wrk"
 UVICORN_OPTIONS = ("--host", "127.0.0.1", "--log-level", "warning", "--no-access-log")

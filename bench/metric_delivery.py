@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from app.core.config import Settings
-from app.core.records import StepRecord
 from app.store import JobStore
 from bench.report import Row, cli, median, percentile
-from tests.stack import RedisServer, Stack, iter_sse
+from mpjobs.contract.records import StepRecord
+from scripts.stack import RedisServer, Stack, iter_sse
 
 SPEC: dict[str, Any] = {"model": {"name": "mlp"}, "precision_policy": "float32", "training": {"steps": 1500},
                         "dataset": {"samples": 2048}}
@@ -62,7 +62,7 @@ def _record(step: int) -> StepRecord:
 
 def reporter_rate(store: JobStore, records: int, batch: int) -> float:
     """Records/s through RedisReporter.steps, for a fresh job id."""
-    from worker.reporter import RedisReporter
+    from worker.telemetry.redis_reporter import RedisReporter
 
     job_id = f"bench-{time.monotonic_ns()}"
     store.redis.hset(f"mpjobs:job:{job_id}", mapping={"id": job_id, "step": 0})

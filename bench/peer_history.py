@@ -37,7 +37,7 @@ from app.store.retention import Archiver
 from bench.api_throughput import BUCKETS_P99_GOAL_MS, MAX_POINTS, finished_job, record, running_job
 from bench.loadgen import redis_server, serve
 from bench.report import Row, percentile
-from tests.stack import free_port, wait_until
+from scripts.stack import free_port, wait_until
 
 BENCH = "peers: history"
 LOG_BATCH = 1000

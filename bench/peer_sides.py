@@ -26,13 +26,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 
-from app.core.spec import JobSpec  # noqa: E402
 from bench.engine_overhead import PIECES, Bare, Engine  # noqa: E402
 from bench.float32_check import session_kept  # noqa: E402
-from worker.step_vector import TELEMETRY_FIELDS  # noqa: E402
+from mpjobs.contract.spec import JobSpec  # noqa: E402
+from worker.telemetry.step_vector import TELEMETRY_FIELDS  # noqa: E402
 
 ENGINE_SERIES = len(TELEMETRY_FIELDS)
-"""What the engine measures in every compiled step (worker/step_vector.py): loss, loss scale, gradient norm,
+"""What the engine measures in every compiled step (worker/telemetry/step_vector.py): loss, loss scale, gradient norm,
 finite flag, skip flag, the zero count's two parts, the regularization loss."""
 
 

@@ -1,6 +1,6 @@
 """mpjobs against what users log per-step curves with instead, side by side in one run.
 
-Training (bench/peer_sides.py): per case, one process builds the mpjobs engine (`worker.engine.Training`,
+Training (bench/peer_sides.py): per case, one process builds the mpjobs engine (`worker.engine.training.Training`,
 what `run_job` drives) without and with per-layer checks, bare `model.fit`, a second bare `fit` (an A/A
 twin: the method's own noise), and bare `fit` with each peer's callback: TensorBoard at every step, a
 hand-written loss-scale logger, MLflow's Keras callback at every step into SQLite. All of them train the
@@ -36,13 +36,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 
-from app.core.spec import UNDERFLOW_CHECK_EVERY  # noqa: E402
 from bench import peer_history  # noqa: E402
 from bench.engine_overhead import GOAL, PIECES, _per_step, _piece_ratios  # noqa: E402
 from bench.engine_overhead import Case as _Case  # noqa: E402
 from bench.peer_sides import ENGINE_SERIES, mlflow_run, sides, take_turns  # noqa: E402
 from bench.report import Row, cli  # noqa: E402
-from worker.data import SEGMENT_BYTES  # noqa: E402
+from mpjobs.contract.spec import UNDERFLOW_CHECK_EVERY  # noqa: E402
+from worker.engine.data import SEGMENT_BYTES  # noqa: E402
 
 BENCH = "peers"
 BARE = "bare model.fit"

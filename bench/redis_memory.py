@@ -28,7 +28,7 @@ from app.store import JobStore
 from app.store.keys import events_key, job_key, layers_key, metrics_key, rollup_key, view_fresh_key, view_key
 from bench.api_throughput import finished_job
 from bench.loadgen import redis_server, serve
-from tests.stack import private_stack
+from scripts.stack import private_stack
 
 JOBS: dict[str, dict[str, Any]] = {
     "mlp float32": {"model": {"name": "mlp"}, "precision_policy": "float32"},

@@ -1,7 +1,7 @@
 """Scaling: metric reads at 1k, 10k and 100k steps, and job throughput with 1 vs 2 workers.
 
 Real processes: a private redis-server, the API and `python -m worker` workers,
-started as `tests.stack.Stack` starts them (the API with uvicorn's defaults).
+started as `scripts.stack.Stack` starts them (the API with uvicorn's defaults).
 
 1. Metric reads. One job per size, its steps written into Redis by the
    worker's own `RedisReporter` (rollups as in production) and marked
@@ -36,7 +36,7 @@ from app.store import JobStore
 from bench import report
 from bench.api_throughput import finished_job
 from bench.report import Row
-from tests.stack import RedisServer, Stack
+from scripts.stack import RedisServer, Stack
 
 BENCH = "scaling"
 SIZES = (1_000, 10_000, 100_000)

@@ -39,7 +39,7 @@ import redis  # noqa: E402
 from rq.job import Job as RQJob  # noqa: E402
 
 from bench.report import Row, cli, median  # noqa: E402
-from tests.stack import Stack, iter_sse, private_stack  # noqa: E402
+from scripts.stack import Stack, iter_sse, private_stack  # noqa: E402
 
 GOAL_EXTRA_S = 2.0
 LONG_STEPS = 50_000
@@ -52,9 +52,9 @@ PHASES = ("queue wait", "worker start-up", "training", "finishing", "delivery")
 def local_run(spec_json: dict[str, Any]) -> tuple[float, float]:
     """(wall seconds, training seconds) of `run_job` in this (warm) process."""
     from app.core.config import Settings
-    from app.core.spec import JobSpec
-    from worker.engine import run_job
-    from worker.telemetry import ListReporter
+    from mpjobs.contract.spec import JobSpec
+    from worker.engine.training import run_job
+    from worker.telemetry.reporters import ListReporter
 
     spec = JobSpec.model_validate(spec_json)
     reporter = ListReporter()

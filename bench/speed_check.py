@@ -1,10 +1,10 @@
-"""The speed check itself (`worker.speed.measure_all`): does it make the same call each time?
+"""The speed check itself (`worker.numerics.speed.measure_all`): does it make the same call each time?
 
 For the MLP (default spec) and a small CNN (16x16 images, 8 filters): the comparison's
-default variants other than float32 (`app.core.spec.DEFAULT_VARIANTS`), plus a float32
+default variants other than float32 (`mpjobs.contract.spec.DEFAULT_VARIANTS`), plus a float32
 variant, an A/A check: a third float32 copy timed as if it were a policy, whose only right
 call is "none". Each repeat is one measurement as a comparison's float32 baseline makes it
-after training: fresh copies, the job's first batches from `worker.data.load_dataset`,
+after training: fresh copies, the job's first batches from `worker.engine.data.load_dataset`,
 `SPEED_CHECK_STEPS` steps per side and round, `SPEED_CHECK_ROUNDS` rounds, on this CPU.
 
 The repeats run first on a quiet machine, then beside a CPU hog (a busy loop in a
@@ -38,12 +38,12 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from app.core.config import Settings
-from app.core.spec import DEFAULT_VARIANTS, JobSpec, PrecisionPolicy, Variant
 from bench.report import Row, machine, table  # noqa: E402
-from worker.data import load_dataset  # noqa: E402
-from worker.engine import make_optimizer  # noqa: E402
-from worker.models import build_model  # noqa: E402
-from worker.speed import float32_twin, measure_all, variant_spec  # noqa: E402
+from mpjobs.contract.spec import DEFAULT_VARIANTS, JobSpec, PrecisionPolicy, Variant
+from worker.engine.data import load_dataset  # noqa: E402
+from worker.engine.models import build_model  # noqa: E402
+from worker.engine.training import make_optimizer  # noqa: E402
+from worker.numerics.speed import float32_twin, measure_all, variant_spec  # noqa: E402
 
 MODELS: tuple[dict[str, object], ...] = ({"name": "mlp"}, {"name": "cnn", "image_size": 16, "filters": 8})
 """The MLP as specified by default; the CNN smaller than its default (32x32, 32 filters), whose
@@ -59,7 +59,7 @@ HOG = "while True: pass"
 
 @dataclass(frozen=True)
 class Timing:
-    """One variant in one repeat: `worker.speed`'s figures."""
+    """One variant in one repeat: `worker.numerics.speed`'s figures."""
 
     slowdown: float
     low: float
@@ -95,7 +95,7 @@ def spec(model: dict[str, object]) -> JobSpec:
 
 
 def batches(job: JobSpec, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """The job's first `steps` batches, as `worker.engine.Training._check_speed` takes them."""
+    """The job's first `steps` batches, as `worker.engine.training.Training._check_speed` takes them."""
     keras.utils.set_random_seed(job.training.seed)
     built = build_model(float32_twin(job), on_cpu_tf=True)
     model = built.model

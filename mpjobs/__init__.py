@@ -11,9 +11,9 @@ a Keras model passed to `submit` is sent as its `to_json()`. pandas is needed on
 
 from __future__ import annotations
 
-from mpjobs.client import Client
-from mpjobs.comparison import Comparison
-from mpjobs.errors import (
+from mpjobs._client import Client
+from mpjobs._comparison import Comparison
+from mpjobs._exceptions import (
     ApiError,
     BadResponse,
     ClientError,
@@ -28,7 +28,7 @@ from mpjobs.errors import (
     Unreachable,
     WaitTimeout,
 )
-from mpjobs.job import Job
+from mpjobs._job import Job
 
 __all__ = ["ApiError", "BadResponse", "Client", "ClientError", "Comparison", "Conflict", "InvalidSpec", "Job",
            "MpjobsError", "NotFound", "ServerError", "Timeout", "Unauthorized", "Unavailable", "Unreachable",

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.stack import RedisServer
+from scripts.stack import RedisServer
 
 # Quiet TensorFlow's C++ start-up chatter in test output; errors still show.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bench import engine_overhead
-from worker.data import SEGMENT_BYTES
+from worker.engine.data import SEGMENT_BYTES
 
 
 def test_engine_overhead_sets_each_float32_case_beside_bare_fit() -> None:

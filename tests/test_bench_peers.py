@@ -13,7 +13,7 @@ import numpy as np
 from bench import peer_history, peers
 from bench.engine_overhead import PIECES, Engine
 from bench.peer_sides import ScaleLogger, engine_spec
-from worker.data import SEGMENT_BYTES
+from worker.engine.data import SEGMENT_BYTES
 
 SIDES = [peers.ENGINE, peers.ENGINE_LAYERS, peers.AA, "TensorBoard(update_freq=1)", "hand-written scale logger",
          "MLflow Keras callback at every step"]
@@ -86,7 +86,7 @@ def test_history_reads_from_mpjobs_and_mlflow_return_the_points_a_chart_needs() 
 def test_the_layer_check_traces_its_gradient_function_once_per_engine(tmp_path: Path) -> None:
     """TensorFlow's "N out of the last M calls ... triggered tf.function retracing" warning in `bench.peers` counts
     the first traces of every engine's own function together (its detector keys on the Python code of
-    worker/gradients.py's `tf_gradients`); no one function retraces from one check to the next."""
+    worker/numerics/gradients.py's `tf_gradients`); no one function retraces from one check to the next."""
     case = peers.Case({"name": "mlp"}, "float32", 6, 1)
     engine = Engine(engine_spec(case.spec(6), 1), tmp_path)
     (x, y), = engine.training.segments(SEGMENT_BYTES)

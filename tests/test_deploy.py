@@ -50,7 +50,7 @@ def test_gpu_worker_takes_every_gpu_is_restarted_and_shares_artifacts() -> None:
 def test_cpu_worker_is_an_optional_profile() -> None:
     cpu = compose()["services"]["cpu-worker"]
     assert cpu["profiles"] == ["cpu"]
-    assert cpu["build"]["args"]["EXTRAS"] == "cpu"
+    assert cpu["build"]["args"]["EXTRAS"] == "worker"
     assert cpu["restart"] == "unless-stopped" and cpu["environment"]["HOST_GPUS"] == "none"
 
 
@@ -68,8 +68,9 @@ def test_dockerfile_api_image_has_no_tensorflow() -> None:
     text = (ROOT / "Dockerfile").read_text()
     stages = dict(re.findall(r"^FROM \S+ AS (\w+)\n(.*?)(?=^FROM |\Z)", text, flags=re.M | re.S))
     assert set(stages) == {"base", "api", "worker", "tensorboard"}
-    assert "pip install ." in stages["api"] and "[" not in stages["api"].split("pip install")[1].splitlines()[0]
-    assert 'pip install ".[${EXTRAS}]"' in stages["worker"] and "ARG EXTRAS=gpu" in stages["worker"]
+    assert 'pip install ".[api]"' in stages["api"], "the API image: the client package with the API's extra alone"
+    assert 'pip install ".[${EXTRAS}]"' in stages["worker"] and "ARG EXTRAS=worker-gpu" in stages["worker"]
+    assert "ENV PYTHONPATH=/srv" in stages["base"], "app/ and worker/ run from the image's checkout, not site-packages"
 
 
 def test_tensorboard_is_an_optional_loopback_profile_over_the_artifacts() -> None:

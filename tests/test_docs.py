@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import re
 
-from tests.stack import ROOT
+from scripts.stack import ROOT
 
 RELIABILITY = ROOT / "docs" / "reliability.md"
 

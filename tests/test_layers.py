@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack import ROOT
+from scripts.stack import ROOT
 
 MODULES = sorted(p for top in ("app", "worker", "mpjobs") for p in (ROOT / top).rglob("*.py"))
 MAX_LINES = 310
@@ -19,7 +19,7 @@ ALLOWED = {
     "app.core": {"app.core"},
     "app.store": {"app.core", "app.store"},
     "app.api": {"app.core", "app.store", "app.api"},
-    "app.cli": {"app.core", "app.cli", "mpjobs"},
+    "mpjobs.cli": {"app.core", "mpjobs.cli", "mpjobs"},
     "app.main": {"app.core", "app.store", "app.api"},
     "worker": {"app.core", "app.store", "worker"},
     "mpjobs": {"app.core", "mpjobs"},
@@ -71,7 +71,7 @@ def test_each_module_is_small_and_opens_with_its_concern(path: Path) -> None:
 
 
 def test_the_api_process_loads_no_tensorflow_keras_or_worker_module() -> None:
-    check = ("import sys, app.main, app.cli; "
+    check = ("import sys, app.main, mpjobs.cli; "
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'keras', 'jax', 'worker'}))")
     out = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -1,6 +1,6 @@
 """`python -m worker`: one job slot per GPU, or on a host without one, detect, warm up and take jobs.
 
-On a GPU host this process is the supervisor (worker/slots.py): it starts one slot, `python -m
+On a GPU host this process is the supervisor (worker/service/slots.py): it starts one slot, `python -m
 worker --slot GPU` pinned with CUDA_VISIBLE_DEVICES, per GPU that WORKER_GPUS chooses, and
 never loads TensorFlow itself. A slot, or the worker of a host without a GPU, is what follows.
 
@@ -30,10 +30,10 @@ from rq.worker import WorkerStatus
 
 from app.core.config import get_settings
 from app.store.queue import listening_queues
-from worker.gpus import chosen_gpus, host_gpus
-from worker.memory import tune_allocator
-from worker.reaper import Reaper
-from worker.slots import Supervisor
+from worker.engine.memory import tune_allocator
+from worker.service.gpus import chosen_gpus, host_gpus
+from worker.service.reaper import Reaper
+from worker.service.slots import Supervisor
 
 log = logging.getLogger("mpjobs.worker")
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    tune_allocator()  # before TensorFlow loads: a job's memory goes back after it (worker/memory.py)
+    tune_allocator()  # before TensorFlow loads: a job's memory goes back after it (worker/engine/memory.py)
     settings = get_settings()
     if args.slot is None:
         try:
@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             log.info("GPUs %s: one job slot each", ", ".join(gpus))
             return Supervisor(gpus, burst=args.burst).run()
 
-    from worker import tasks  # noqa: F401  Warm: TensorFlow and the engine load once, here.
-    from worker.devices import detect_device
+    from worker.engine.devices import detect_device
+    from worker.service import tasks  # noqa: F401  Warm: TensorFlow and the engine load once, here.
 
     device = detect_device()
     # Everything loaded so far (TensorFlow, Keras, the engine) lives as long as the process: move it out

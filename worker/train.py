@@ -21,27 +21,11 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from app.core.errors import JobFailed
-from app.core.records import LayerCheck, StepRecord, Summary
-from app.core.spec import JobSpec
+from mpjobs.contract.spec import JobSpec
+from worker.telemetry.reporters import JsonLinesReporter
 
 EXIT_FAILED = 1
 EXIT_BAD_SPEC = 2
-
-
-class JsonLinesReporter:
-    def __init__(self, stream=sys.stdout) -> None:  # type: ignore[no-untyped-def]
-        self.stream = stream
-
-    def steps(self, records: Sequence[StepRecord]) -> None:
-        self.stream.write("".join(r.model_dump_json() + "\n" for r in records))
-        self.stream.flush()
-
-    def layers(self, checks: Sequence[LayerCheck]) -> None:
-        self.stream.write("".join(json.dumps({"layers": c.model_dump(mode="json")}) + "\n" for c in checks))
-        self.stream.flush()
-
-    def summary(self, summary: Summary) -> None:
-        """The engine's summary is printed once, by `main`, with the run's status."""
 
 
 def _error_line(reason: str, message: str, **extra: object) -> str:
@@ -66,10 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"mpjobs: checkpoints, model and TensorBoard events in {out}", file=sys.stderr)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from worker import checkpoint
-    from worker.engine import run_job  # Imports the ML backend: after the cheap checks.
-    from worker.telemetry import FanOut
-    from worker.tensorboard import LOGDIR, TensorBoardReporter
+    from worker.engine import checkpoint
+    from worker.engine.training import run_job  # Imports the ML backend: after the cheap checks.
+    from worker.telemetry.reporters import FanOut
+    from worker.telemetry.tensorboard import LOGDIR, TensorBoardReporter
 
     board = TensorBoardReporter(out / LOGDIR, resume_step=checkpoint.saved_step(out))
     try:

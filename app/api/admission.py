@@ -1,6 +1,6 @@
 """Admission: refuse (422) a valid spec that exceeds this deployment's limits, before anything is written.
 
-The spec's own bounds (app/core/spec.py) are the same everywhere; these limits are the operator's
+The spec's own bounds (mpjobs/contract/spec.py) are the same everywhere; these limits are the operator's
 (MAX_JOB_SECONDS, MAX_MODEL_BYTES), so they are checked here, against the settings, by the routes
 that queue work.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from app.core.config import Settings
 from app.core.errors import SpecRefused
 from app.core.model_size import gib, synthetic_dataset_bytes, training_memory
-from app.core.spec import ComparisonSpec, JobSpec, SyntheticDataset
+from mpjobs.contract.spec import ComparisonSpec, JobSpec, SyntheticDataset
 
 Loc = tuple[str | int, ...]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hmac
 
-from app.core.errors import Unauthorized
+from app.core.errors import NotAuthenticated
 
 OPEN_TENANT = "default"
 """The tenant every job belongs to when no API keys are configured."""
@@ -29,11 +29,11 @@ def tenant_for(keys: dict[str, str], authorization: str | None) -> str:
         return OPEN_TENANT
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token:
-        raise Unauthorized("Send 'Authorization: Bearer <key>'.")
+        raise NotAuthenticated("Send 'Authorization: Bearer <key>'.")
     found = None
     for key, tenant in keys.items():  # no early exit: the time does not depend on which key matched
         if hmac.compare_digest(token.encode(), key.encode()):
             found = tenant
     if found is None:
-        raise Unauthorized("That API key is not valid.")
+        raise NotAuthenticated("That API key is not valid.")
     return found

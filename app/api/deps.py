@@ -8,7 +8,7 @@ from fastapi import Depends, Header, Request
 from redis import Redis
 
 from app.api.auth import tenant_for
-from app.api.memory import MemoryGauge
+from app.api.redis_memory import MemoryGauge
 from app.api.services import LiveWorkers
 from app.core.config import Settings
 from app.store import JobStore

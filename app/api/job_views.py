@@ -18,9 +18,9 @@ from redis.asyncio import Redis
 
 from app.api.services import LiveWorkers, waiting_reason
 from app.core.errors import JobNotFound
-from app.core.job import JobState
 from app.store import JobStore
 from app.store.keys import events_key, job_key
+from mpjobs.contract.jobs import JobState
 
 # The job's record and its transitions in one command: a script is one reply to parse, where a pipeline of
 # HGETALL and XRANGE costs redis.asyncio twice the Python per request.

@@ -15,11 +15,11 @@ from redis.asyncio import Redis
 from redis.client import NEVER_DECODE
 
 from app.core.errors import JobNotFound
-from app.core.job import JobState
 from app.store import JobStore
 from app.store.archive import ArchiveInfo
 from app.store.keys import ARCHIVED_FIELD, after, job_key, metrics_key
 from app.store.pages import RawPage, stream_page, unparsed_xrange
+from mpjobs.contract.jobs import JobState
 
 HEAD = ("tenant", "state", "summary", ARCHIVED_FIELD)
 """The job record's fields read with the page."""

@@ -18,8 +18,8 @@ from pydantic import BeforeValidator
 from app.api.deps import TenantDep
 from app.api.services import MAX_PAGE
 from app.core.errors import ComparisonNotFound, JobNotFound
-from app.core.spec import MAX_STEPS
 from app.store.keys import is_record_id
+from mpjobs.contract.spec import MAX_STEPS
 
 MAX_INT64 = 2**63 - 1
 """Redis's largest integer: the most a creation sequence (`cursor`) can reach, and the largest `limit`."""

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import math
 
-from app.api.resources import Comparison, VariantResult
-from app.core.formats import percent, speed_words
-from app.core.job import Job, JobState
-from app.core.records import Diagnosis, DiagnosisCode, VariantSpeed
-from app.core.spec import ComparisonSpec, Variant
+from app.api.resources import ComparisonReport, VariantResult
+from mpjobs.contract.formats import percent, speed_words
+from mpjobs.contract.jobs import JobRecord, JobState
+from mpjobs.contract.records import Diagnosis, DiagnosisCode, VariantSpeed
+from mpjobs.contract.spec import ComparisonSpec, Variant
 
 UNDERFLOW = DiagnosisCode.GRADIENT_UNDERFLOW
 SLOW = DiagnosisCode.SLOW_PRECISION_ON_DEVICE
 
 
 def build(comparison_id: str, name: str | None, created_at: str, spec: ComparisonSpec,
-          jobs: list[Job]) -> Comparison:
+          jobs: list[JobRecord]) -> ComparisonReport:
     variants = spec.variants or []
     base_index = spec.baseline_index
     base = jobs[base_index]
@@ -27,12 +27,13 @@ def build(comparison_id: str, name: str | None, created_at: str, spec: Compariso
     results = [_result(v, job, base, i == base_index, speeds.get(v.label))
                for i, (v, job) in enumerate(zip(variants, jobs, strict=True))]
     done = all(job.state.terminal for job in jobs)
-    return Comparison(id=comparison_id, name=name, created_at=created_at, state="done" if done else "running",
+    return ComparisonReport(id=comparison_id, name=name, created_at=created_at, state="done" if done else "running",
                       spec=spec, variants=results,
                       verdict=verdict(results, base, spec.tolerance) if done else _progress(jobs))
 
 
-def _result(variant: Variant, job: Job, base: Job, is_base: bool, timed: VariantSpeed | None) -> VariantResult:
+def _result(variant: Variant, job: JobRecord, base: JobRecord, is_base: bool,
+            timed: VariantSpeed | None) -> VariantResult:
     summary, base_summary = job.summary, base.summary
     final = summary.final_loss if summary else None
     base_final = base_summary.final_loss if base_summary else None
@@ -58,14 +59,14 @@ def _result(variant: Variant, job: Job, base: Job, is_base: bool, timed: Variant
     )
 
 
-def _device(job: Job) -> str | None:
+def _device(job: JobRecord) -> str | None:
     if job.worker is None:
         return None
     device = job.worker.device
     return f"{device.get('kind')} ({device['name']})" if device.get("name") else str(device.get("kind"))
 
 
-def _progress(jobs: list[Job]) -> str:
+def _progress(jobs: list[JobRecord]) -> str:
     finished = sum(job.state.terminal for job in jobs)
     return f"{finished} of {len(jobs)} variants finished; the verdict comes when all have."
 
@@ -113,7 +114,7 @@ def _risk(r: VariantResult) -> int:
     return _risk_of(r.precision_policy.compute_dtype, mode) + (4 if full_low else 0)
 
 
-def verdict(results: list[VariantResult], base_job: Job, tolerance: float) -> str:
+def verdict(results: list[VariantResult], base_job: JobRecord, tolerance: float) -> str:
     """Each variant against float32 in a clause, then what to use.
 
     Speed is the baseline job's one measurement of every variant in turns, never the

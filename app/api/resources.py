@@ -6,11 +6,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from mpjobs.contract.comparisons import ComparisonPage as ComparisonPage
+
 # Defined in the core, where the Python client (mpjobs/) reads them too; named here with the API's other answers.
-from app.core.comparison import Comparison as Comparison
-from app.core.comparison import ComparisonPage as ComparisonPage
-from app.core.comparison import VariantResult as VariantResult
-from app.core.job import JobPage as JobPage
+from mpjobs.contract.comparisons import ComparisonReport as ComparisonReport
+from mpjobs.contract.comparisons import VariantResult as VariantResult
+from mpjobs.contract.jobs import JobPage as JobPage
 
 
 class ErrorBody(BaseModel):

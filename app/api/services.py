@@ -9,21 +9,21 @@ from redis import Redis
 from rq import Queue, worker_registration
 
 from app.api import reports
-from app.api.memory import MemoryGauge
-from app.api.resources import Comparison, ComparisonPage, Health, JobPage
+from app.api.redis_memory import MemoryGauge
+from app.api.resources import ComparisonPage, ComparisonReport, Health, JobPage
 from app.core.config import MODEL_ARTIFACT, Settings
 from app.core.errors import ArtifactNotFound, ComparisonNotFound, JobAlreadyEnded, JobNotFound
-from app.core.job import Job, JobState, LayersPage
-from app.core.spec import ComparisonSpec, JobSpec
 from app.store import VIEW_TTL_S, ComparisonRecord, IdempotencyKey, JobStore
 from app.store import queue as queues
+from mpjobs.contract.jobs import JobRecord, JobState, LayersPage
+from mpjobs.contract.spec import ComparisonSpec, JobSpec
 
 MAX_PAGE = 10_000
 """Most step records one metrics page returns, and most layer checks one layers page returns."""
 
 
 def submit(store: JobStore, rq_redis: Redis, spec: JobSpec, tenant: str,
-           idempotency_key: str | None = None) -> tuple[Job, bool]:
+           idempotency_key: str | None = None) -> tuple[JobRecord, bool]:
     """Queue `spec`. Returns (job, created); a repeated Idempotency-Key returns the first job."""
     once = None if idempotency_key is None else IdempotencyKey.for_job(tenant, idempotency_key,
                                                                        spec.model_dump_json())
@@ -33,7 +33,7 @@ def submit(store: JobStore, rq_redis: Redis, spec: JobSpec, tenant: str,
     return get(store, job_id, tenant), created
 
 
-def get(store: JobStore, job_id: str, tenant: str) -> Job:
+def get(store: JobStore, job_id: str, tenant: str) -> JobRecord:
     """The job, or JobNotFound: another tenant's job is indistinguishable from none. (`GET /jobs/{id}` reads
     it on the async client, with `waiting_reason` for a queued job no live worker can take: job_views.py.)"""
     job = store.get(job_id, tenant)
@@ -95,7 +95,7 @@ answer loses nothing it was asked to keep: it finds the job canceled at its next
 CANCEL_POLL_S = 0.05
 
 
-def cancel(store: JobStore, rq_redis: Redis, job_id: str, tenant: str) -> Job:
+def cancel(store: JobStore, rq_redis: Redis, job_id: str, tenant: str) -> JobRecord:
     """Queued: canceled at once. Running: its worker stops at its next step; if that worker's lease is
     gone, or it does not answer within CANCEL_ANSWER_S, it is presumed dead and the job is canceled here.
     Ended: JobAlreadyEnded (409), the job unchanged."""
@@ -112,7 +112,7 @@ def cancel(store: JobStore, rq_redis: Redis, job_id: str, tenant: str) -> Job:
     return get(store, job_id, tenant)
 
 
-def _cancel_queued(store: JobStore, rq_redis: Redis, job: Job) -> JobState | None:
+def _cancel_queued(store: JobStore, rq_redis: Redis, job: JobRecord) -> JobState | None:
     """Cancel a queued job and take its RQ job off the queue. Returns the state it was in."""
     moved, now = store.transition(job.id, JobState.CANCELED, [JobState.QUEUED], "canceled before it started",
                                   error={"reason": "canceled", "message": "Canceled before it started."})
@@ -121,7 +121,7 @@ def _cancel_queued(store: JobStore, rq_redis: Redis, job: Job) -> JobState | Non
     return now
 
 
-def _cancel_running(store: JobStore, job: Job) -> JobState | None:
+def _cancel_running(store: JobStore, job: JobRecord) -> JobState | None:
     """Raise the flag and wait for the worker to answer while its lease lives. A silent worker's attempt
     is canceled here, unless its lease changed hands. Returns the job's state after."""
     store.request_cancel(job.id)
@@ -190,7 +190,7 @@ def readiness(rq_redis: Redis, workers: LiveWorkers, memory: MemoryGauge) -> Hea
 
 
 def submit_comparison(store: JobStore, rq_redis: Redis, spec: ComparisonSpec, tenant: str,
-                      idempotency_key: str | None = None) -> tuple[Comparison, bool]:
+                      idempotency_key: str | None = None) -> tuple[ComparisonReport, bool]:
     """Queue one job per variant, same seed and data, all or none. Returns (comparison, created);
     a repeated Idempotency-Key returns the first comparison."""
     jobs = [(job_spec, queues.queue_for(job_spec)) for job_spec in spec.job_specs()]
@@ -202,7 +202,7 @@ def submit_comparison(store: JobStore, rq_redis: Redis, spec: ComparisonSpec, te
     return get_comparison(store, comparison_id, tenant), created
 
 
-def _report(store: JobStore, record: ComparisonRecord) -> Comparison:
+def _report(store: JobStore, record: ComparisonRecord) -> ComparisonReport:
     jobs = store.get_many(record.job_ids)
     if any(job is None for job in jobs):
         raise ComparisonNotFound(record.id)  # its jobs were deleted from Redis by hand
@@ -210,7 +210,7 @@ def _report(store: JobStore, record: ComparisonRecord) -> Comparison:
                              [job for job in jobs if job is not None])
 
 
-def get_comparison(store: JobStore, comparison_id: str, tenant: str) -> Comparison:
+def get_comparison(store: JobStore, comparison_id: str, tenant: str) -> ComparisonReport:
     record = store.get_comparison(comparison_id, tenant)
     if record is None:
         raise ComparisonNotFound(comparison_id)
@@ -223,7 +223,7 @@ def list_comparisons(store: JobStore, tenant: str, limit: int, cursor: int | Non
                           next_cursor=None if next_cursor is None else str(next_cursor))
 
 
-def cancel_comparison(store: JobStore, rq_redis: Redis, comparison_id: str, tenant: str) -> Comparison:
+def cancel_comparison(store: JobStore, rq_redis: Redis, comparison_id: str, tenant: str) -> ComparisonReport:
     """Cancel every variant that has not ended."""
     report = get_comparison(store, comparison_id, tenant)
     for variant in report.variants:

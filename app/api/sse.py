@@ -10,7 +10,6 @@ from typing import Any
 from fastapi.concurrency import run_in_threadpool
 from redis.asyncio import Redis
 
-from app.core.job import JobState
 from app.store.archive import ArchivedHistory
 from app.store.keys import (
     LAYERS_FIELD,
@@ -22,6 +21,7 @@ from app.store.keys import (
     metrics_key,
     number_of,
 )
+from mpjobs.contract.jobs import JobState
 
 BLOCK_MS = 1000
 """Longest one XREAD waits; also how often a silent stream checks for a disconnect."""

@@ -1,1 +1,1 @@
-"""The contract both processes share: specs, records, states, errors, settings, clock, number formats."""
+"""What the API, the store and the worker share beyond the wire contract: settings, clock, domain errors, sizes."""

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.core.spec import MAX_DEVICES
+from mpjobs.contract.spec import MAX_DEVICES
 
 MIN_SPEED_ROUNDS = 5
 """Quartiles of fewer per-round ratios say little; even 5 once called an A/A pair different under load."""
@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     """Most step records held before a report is forced."""
     speed_check_steps: int = 4
     """A job that succeeds then times its policy (on a CPU, when float16/bfloat16) or its comparison's
-    variants against float32, this many steps per side and round, in turns (worker/speed.py). 0: off."""
+    variants against float32, this many steps per side and round, in turns (worker/numerics/speed.py). 0: off."""
     speed_check_rounds: int = Field(9, ge=MIN_SPEED_ROUNDS)
     """Rounds of that speed check: the quartiles of its per-round ratios are the interval shown."""
     speed_check_max_seconds: float = Field(60.0, gt=0)
@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     no `maxmemory` (0)."""
     worker_gpus: str = "all"
     """`all`, or GPU indices as nvidia-smi numbers them (`0,1`): the GPUs `python -m worker` runs one
-    job slot each on, every slot a process of its own pinned with CUDA_VISIBLE_DEVICES (worker/slots.py)."""
+    job slot each on, every slot a process of its own pinned with CUDA_VISIBLE_DEVICES (worker/service/slots.py)."""
     host_gpus: str = ""
     """This host's GPU indices (`0,1`, or `none`) instead of asking nvidia-smi: where it cannot answer,
     and in tests, which give a CPU machine GPUs to pin slots to. Empty: detected."""

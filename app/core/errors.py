@@ -32,44 +32,29 @@ layer and never reach a user as a raw traceback.
 
 from __future__ import annotations
 
-from enum import StrEnum
+from mpjobs.contract.jobs import FailureReason
 
 
-class FailureReason(StrEnum):
-    """Why a job failed. Stable strings: they are part of the API."""
-
-    INVALID_SPEC = "invalid_spec"
-    INVALID_MODEL = "invalid_model"
-    INVALID_DATASET = "invalid_dataset"
-    DIVERGED = "diverged"
-    UNSUPPORTED_PRECISION_ON_DEVICE = "unsupported_precision_on_device"
-    TIMEOUT = "timeout"
-    OUT_OF_MEMORY = "out_of_memory"
-    CANCELED = "canceled"
-    WORKER_LOST = "worker_lost"
-    INTERNAL = "internal"
-
-
-class MpjobsError(Exception):
+class DomainError(Exception):
     """Base of every error this project raises on purpose."""
 
 
-class JobNotFound(MpjobsError):
+class JobNotFound(DomainError):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"No job with id {job_id!r}.")
 
 
 class ArtifactNotFound(JobNotFound):
     def __init__(self, job_id: str, name: str) -> None:
-        MpjobsError.__init__(self, f"Job {job_id!r} has no {name} yet; it is written when the job succeeds.")
+        DomainError.__init__(self, f"Job {job_id!r} has no {name} yet; it is written when the job succeeds.")
 
 
 class ComparisonNotFound(JobNotFound):
     def __init__(self, comparison_id: str) -> None:
-        MpjobsError.__init__(self, f"No comparison with id {comparison_id!r}.")
+        DomainError.__init__(self, f"No comparison with id {comparison_id!r}.")
 
 
-class ServiceUnavailable(MpjobsError):
+class ServiceUnavailable(DomainError):
     def __init__(self, detail: str) -> None:
         super().__init__(f"Redis is unreachable, so jobs cannot be read or queued right now: {detail}")
 
@@ -81,7 +66,7 @@ class RedisFull(ServiceUnavailable):
         held = f"Redis holds {_size(used)} of its {_size(limit)} maxmemory ({used / max(limit, 1):.0%})"
         why = (f"{held} and refused a write as out of memory" if refused else
                f"{held}, over the {high_water:.0%} high-water mark (REDIS_MEMORY_HIGH_WATER)")
-        MpjobsError.__init__(self, f"{why}: no new job is taken, and nothing was written. Free memory by "
+        DomainError.__init__(self, f"{why}: no new job is taken, and nothing was written. Free memory by "
                                    "deleting old jobs (DELETE /jobs/{id}?purge=true), lower HISTORY_RETENTION_S "
                                    "so ended jobs' step records leave Redis sooner, or raise Redis's maxmemory.")
         self.used, self.limit = used, limit
@@ -95,7 +80,7 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-class Unauthorized(MpjobsError):
+class NotAuthenticated(DomainError):
     pass
 
 
@@ -103,16 +88,16 @@ class IdempotencyKeyContended(ServiceUnavailable):
     """Redis answers, but the key changed under every read: retrying is safe."""
 
     def __init__(self, reads: int) -> None:
-        MpjobsError.__init__(self, f"This Idempotency-Key was rewritten by concurrent requests each of the {reads} "
+        DomainError.__init__(self, f"This Idempotency-Key was rewritten by concurrent requests each of the {reads} "
                                    "times it was read, so no job was created or returned by this request; retry it.")
 
 
-class IdempotencyConflict(MpjobsError):
+class IdempotencyConflict(DomainError):
     def __init__(self, what: str = "job spec") -> None:
         super().__init__(f"This Idempotency-Key was already used with a different {what}.")
 
 
-class JobAlreadyEnded(MpjobsError):
+class JobAlreadyEnded(DomainError):
     """A cancel of a job that has already ended: nothing to cancel (409, with the job's state)."""
 
     def __init__(self, job_id: str, state: str) -> None:
@@ -121,7 +106,7 @@ class JobAlreadyEnded(MpjobsError):
         self.state = state
 
 
-class DeleteRefused(MpjobsError):
+class DeleteRefused(DomainError):
     """A delete (`purge=true`) that would lose a job still in use: nothing was deleted."""
 
 
@@ -153,7 +138,7 @@ class JobStillHeld(DeleteRefused):
                          "Nothing was deleted.")
 
 
-class SpecRefused(MpjobsError):
+class SpecRefused(DomainError):
     """A spec that validates but exceeds this deployment's limits: answered 422, like a bad field.
 
     `loc` is the field's path in the body, e.g. ("training", "max_seconds").
@@ -165,7 +150,7 @@ class SpecRefused(MpjobsError):
         self.message = message
 
 
-class JobFailed(MpjobsError):
+class JobFailed(DomainError):
     """A job cannot continue. `reason` is machine-readable, `message` is advice."""
 
     reason: FailureReason = FailureReason.INTERNAL

@@ -1,6 +1,6 @@
 """How large a built-in model is, and how much memory training it takes, computed from its spec.
 
-The API never imports Keras, so the sizes of the models worker/models.py builds are written out
+The API never imports Keras, so the sizes of the models worker/engine/models.py builds are written out
 here layer by layer (tests/worker/test_model_size.py checks them against the built models).
 
 What training holds at once, per device (`TrainingMemory`):
@@ -8,12 +8,12 @@ What training holds at once, per device (`TrainingMemory`):
 - the weights, in the policy's variable dtype (float32 under the mixed policies);
 - their gradients and the optimizer's slots (Adam and AdamW keep 2 per weight, RMSprop 1, SGD 0),
   trainable weights only, in the variable dtype;
-- the float32 check's twin (worker/float32_check.py) where that check runs: a float32 copy of the
+- the float32 check's twin (worker/numerics/float32_check.py) where that check runs: a float32 copy of the
   weights, its gradient and both gradients as float32 host arrays, and its own activations;
 - the activations of one batch: every layer's output for `batch_size / devices` samples in the
   compute dtype, times `ACTIVATION_FACTOR`.
 
->>> from app.core.spec import JobSpec
+>>> from mpjobs.contract.spec import JobSpec
 >>> spec = JobSpec.model_validate({"model": {"name": "mlp", "input_dim": 1000, "hidden_units": 1000}})
 >>> builtin_size(spec.model).parameters
 1011010
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.core.model_specs import CnnModel, Conv3dUnetModel, MlpModel, TransformerModel
-from app.core.spec import JobSpec
+from mpjobs.contract.model_specs import CnnModel, Conv3dUnetModel, MlpModel, TransformerModel
+from mpjobs.contract.spec import JobSpec
 
 BuiltinModel = MlpModel | CnnModel | Conv3dUnetModel | TransformerModel
 
@@ -125,7 +125,7 @@ def _transformer(m: TransformerModel) -> ModelSize:
 
 
 def builtin_size(model: BuiltinModel) -> ModelSize:
-    """Parameters and per-sample activations of a built-in model, exactly as worker/models.py builds it."""
+    """Parameters and per-sample activations of a built-in model, exactly as worker/engine/models.py builds it."""
     if isinstance(model, MlpModel):
         return _mlp(model)
     if isinstance(model, CnnModel):
@@ -137,7 +137,7 @@ def builtin_size(model: BuiltinModel) -> ModelSize:
 
 def float32_twin_runs(spec: JobSpec) -> bool:
     """Whether the job builds a float32 twin of its model: the float32 check or the layer checks under a
-    float16/bfloat16 compute policy, on one device (as worker/engine.py decides)."""
+    float16/bfloat16 compute policy, on one device (as worker/engine/training.py decides)."""
     t = spec.training
     half = spec.precision_policy.compute_dtype != "float32" and t.devices == 1
     return half and (t.underflow_check_every > 0 or (t.layer_check_every or 0) > 0)
@@ -180,7 +180,7 @@ def input_elements(model: BuiltinModel) -> int:
 
 
 def synthetic_dataset_bytes(spec: JobSpec) -> int | None:
-    """The synthetic dataset's inputs as the worker holds them (worker/data.py draws them all at the start),
+    """The synthetic dataset's inputs as the worker holds them (worker/engine/data.py draws them all at the start),
     for a built-in model; None for an npz dataset or a keras_json model (sized where they are read)."""
     if spec.dataset.kind != "synthetic" or not isinstance(spec.model, BuiltinModel):
         return None

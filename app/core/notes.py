@@ -1,13 +1,13 @@
 """What a valid spec asks for that will not do what it seems to: said when the job is submitted.
 
->>> from app.core.spec import JobSpec
+>>> from mpjobs.contract.spec import JobSpec
 >>> spec_notes(JobSpec.model_validate({"model": {"name": "mlp"}, "loss_scale": "dynamic"}))[0][:58]
 'Loss scaling has no effect under float32: float32 holds th'
 """
 
 from __future__ import annotations
 
-from app.core.spec import JobSpec
+from mpjobs.contract.spec import JobSpec
 
 
 def spec_notes(spec: JobSpec) -> list[str]:

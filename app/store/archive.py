@@ -33,8 +33,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, TypeAdapter
 
-from app.core.records import StepRecord
 from app.store.rollup import SERIES
+from mpjobs.contract.records import StepRecord
 
 HISTORY_DIR = "history"
 """The archive's folder inside the job's folder."""

@@ -6,9 +6,9 @@ import json
 from dataclasses import dataclass
 
 from app.core import clock
-from app.core.job import JobState
 from app.store.base import RedisBacked
 from app.store.keys import JOB_INDEX_PREFIX, RUNNING, events_key, job_key, lease_key
+from mpjobs.contract.jobs import JobState
 
 # Cancel a running attempt whose worker is presumed dead: only if it is still the attempt the caller
 # watched, and its lease is gone or still held by the same owner with no answer to the flag. A new

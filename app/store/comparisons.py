@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from redis.client import Pipeline
 
 from app.core import clock
-from app.core.spec import ComparisonSpec, JobSpec
 from app.store.idempotency import IdempotencyKey
 from app.store.jobs import JobRecords
 from app.store.keys import SEQ, comparison_index_key, comparison_key
+from mpjobs.contract.spec import ComparisonSpec, JobSpec
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from app.core.job import JobState
 from app.store.base import RedisBacked
 from app.store.keys import STATS, TENANTS, index_key, job_key
+from mpjobs.contract.jobs import JobState
 
 # Count each diagnosis code once per job: a flag on the job, then the counter (none for a deleted job).
 COUNT_DIAGNOSES = """

@@ -13,8 +13,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from app.core.records import StepRecord
 from app.store.history import MetricHistory
+from mpjobs.contract.records import StepRecord
 
 FIELDS = tuple(StepRecord.model_fields)
 EXPORT_CHUNK = 5000

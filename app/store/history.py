@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.core.job import LayersPage, MetricsBuckets, MetricsPage
-from app.core.records import LayerCheck
 from app.store.archive import FORMAT_VERSION, ArchivedHistory, ArchiveInfo, HistoryCache
 from app.store.keys import ARCHIVED_FIELD, job_key
 from app.store.pages import RawPage, raw_page
 from app.store.rollup import SERIES, raw_buckets, rollup_buckets
 from app.store.streams import RAW_BUCKET_LIMIT, MetricStreams, metrics_page
+from mpjobs.contract.jobs import LayersPage, MetricsBuckets, MetricsPage
+from mpjobs.contract.records import LayerCheck
 
 BUCKET_FIELDS = ("step", "skipped", *SERIES)
 """What a bucket folds of each step record."""

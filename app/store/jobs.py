@@ -10,12 +10,12 @@ from typing import Any
 from redis.client import Pipeline
 
 from app.core import clock
-from app.core.job import Job, JobError, JobState, Progress, Transition, WorkerInfo
 from app.core.notes import spec_notes
-from app.core.records import Summary
-from app.core.spec import JobSpec
 from app.store.idempotency import Idempotency, IdempotencyKey
 from app.store.keys import ENDED, JOB_INDEX_PREFIX, RUNNING, SEQ, TENANTS, events_key, index_key, job_key
+from mpjobs.contract.jobs import JobError, JobRecord, JobState, Progress, Transition, WorkerInfo
+from mpjobs.contract.records import Summary
+from mpjobs.contract.spec import JobSpec
 
 # Atomic transition: check the current state, set fields, record the event, move indexes (an ended
 # job also joins `ended`, scored by ARGV[7], where the archive sweep finds it).
@@ -78,7 +78,7 @@ class JobRecords(Idempotency):
         pipe.zadd(index_key(tenant, JobState.QUEUED), {job_id: seq})
         pipe.sadd(TENANTS, tenant)
 
-    def get_many(self, job_ids: Sequence[str]) -> list[Job | None]:
+    def get_many(self, job_ids: Sequence[str]) -> list[JobRecord | None]:
         """Several jobs in one round trip; None for any that does not exist."""
         with self.redis.pipeline(transaction=False) as pipe:
             for job_id in job_ids:
@@ -90,7 +90,7 @@ class JobRecords(Idempotency):
     def exists(self, job_id: str) -> bool:
         return bool(self.redis.exists(job_key(job_id)))
 
-    def get(self, job_id: str, tenant: str | None = None) -> Job | None:
+    def get(self, job_id: str, tenant: str | None = None) -> JobRecord | None:
         """The job, or None if it does not exist or belongs to another tenant."""
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(job_key(job_id))
@@ -109,10 +109,10 @@ class JobRecords(Idempotency):
         ended = JobState(state).terminal and summary is not None
         return True, int(json.loads(summary)["steps_done"]) if ended else None
 
-    def job_from(self, raw: dict[str, str], events: list[tuple[str, dict[str, str]]]) -> Job:
+    def job_from(self, raw: dict[str, str], events: list[tuple[str, dict[str, str]]]) -> JobRecord:
         """The job from its record (HGETALL) and its transitions (XRANGE of its events)."""
         spec = JobSpec.model_validate_json(raw["spec"])
-        return Job(
+        return JobRecord(
             id=raw["id"], name=json.loads(raw["name"]), state=JobState(raw["state"]), queue=raw["queue"],
             spec=spec, notes=spec_notes(spec), created_at=raw["created_at"],
             started_at=raw.get("started_at"), finished_at=raw.get("finished_at"),
@@ -127,7 +127,7 @@ class JobRecords(Idempotency):
         )
 
     def list(self, tenant: str, state: JobState | None, limit: int, cursor: int | None
-             ) -> tuple[list[Job], int | None]:
+             ) -> tuple[list[JobRecord], int | None]:
         """The tenant's jobs, newest first. `cursor` is the sequence number to continue below."""
         index = index_key(tenant, state)
         top = f"({cursor}" if cursor is not None else "+inf"

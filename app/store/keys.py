@@ -38,8 +38,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from app.core.job import JobState
-from app.core.records import LayerCheck, StepRecord
+from mpjobs.contract.jobs import JobState
+from mpjobs.contract.records import LayerCheck, StepRecord
 
 PREFIX = "mpjobs:"
 RUNNING = f"{PREFIX}running"

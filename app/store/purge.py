@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from app.core.job import JobState
 from app.store.base import RedisBacked
 from app.store.keys import (
     COMPARISON_PREFIX,
@@ -23,6 +22,7 @@ from app.store.keys import (
     job_keys,
     lease_key,
 )
+from mpjobs.contract.jobs import JobState
 
 # KEYS: the `running` set; with a comparison (ARGV[5] its id), its hash and its tenant's index; then
 # each job's own keys, ARGV[4] of them, its record first and its lease second. ARGV[8...]: the job ids.

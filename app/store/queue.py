@@ -17,10 +17,10 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job as RQJob
 from rq.job import JobStatus
 
-from app.core.spec import JobSpec
+from mpjobs.contract.spec import JobSpec
 
 QUEUES = ("gpu", "cpu", "any")
-TASK = "worker.tasks.run_training"
+TASK = "worker.service.tasks.run_training"
 NO_TIMEOUT = -1
 """RQ's `job_timeout` when the spec sets no `training.max_seconds`: never RQ's 180 s default."""
 TIMEOUT_GRACE_S = 60
@@ -74,7 +74,7 @@ def enqueue(redis: Redis, spec: JobSpec, job_id: str, pipe: Pipeline, rq_job_id:
 
 def rq_job_ids(job_id: str, attempts: int, current: str) -> set[str]:
     """Every RQ job a job may have had: its first (`job_id`), each retry's (`{job_id}-a2`, ...: the
-    reaper's names, worker/reaper.py, one past `attempts` for a retry canceled before it began)
+    reaper's names, worker/service/reaper.py, one past `attempts` for a retry canceled before it began)
     and `current`, the one its record names."""
     return {job_id, current, *(f"{job_id}-a{n}" for n in range(2, attempts + 2))}
 

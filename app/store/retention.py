@@ -35,7 +35,6 @@ from typing import Any
 import redis
 
 from app.core import clock
-from app.core.job import TERMINAL_STATES, JobState
 from app.store import JobStore
 from app.store.archive import ArchiveInfo, history_dir, write_history
 from app.store.keys import (
@@ -54,6 +53,7 @@ from app.store.keys import (
     number_of,
     rollup_key,
 )
+from mpjobs.contract.jobs import TERMINAL_STATES, JobState
 
 log = logging.getLogger("mpjobs.archive")
 
@@ -111,8 +111,8 @@ return 'trimmed'
 class Archiver:
     """Moves ended jobs' histories into their archives under `artifacts_dir`, once `retention_s` has passed.
 
-    Every worker runs a sweep (worker/reaper.py); a worker also archives the job it just finished when
-    `retention_s` is 0 (worker/tasks.py). `before_trim(job_id)`, if given, runs after the files are
+    Every worker runs a sweep (worker/service/reaper.py); a worker also archives the job it just finished when
+    `retention_s` is 0 (worker/service/tasks.py). `before_trim(job_id)`, if given, runs after the files are
     written and before Redis is trimmed: the seam through which tests stop a process at that point.
     """
 

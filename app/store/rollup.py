@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from app.core.job import Bucket, Stat
+from mpjobs.contract.jobs import Bucket, Stat
 
 ROLLUP_STEPS = 64
 """Steps per stored rollup."""

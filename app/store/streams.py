@@ -9,8 +9,6 @@ from typing import Any
 import redis
 from redis.client import NEVER_DECODE
 
-from app.core.job import LayersPage, MetricsBuckets, MetricsPage
-from app.core.records import LayerCheck, StepRecord
 from app.store.base import RedisBacked
 from app.store.keys import (
     ROLLUP_FIELD,
@@ -30,6 +28,8 @@ from app.store.keys import (
 )
 from app.store.pages import RawPage, stream_page, unparsed_xrange
 from app.store.rollup import ROLLUP_STEPS, Rollup, raw_buckets, rollup_buckets
+from mpjobs.contract.jobs import LayersPage, MetricsBuckets, MetricsPage
+from mpjobs.contract.records import LayerCheck, StepRecord
 
 RAW_BUCKET_LIMIT = 4096
 """Up to this many steps, buckets are cut from the raw series; beyond, from rollups."""

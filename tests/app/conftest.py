@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from app.store import JobStore
-from tests.stack import RedisServer
+from scripts.stack import RedisServer
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import random
 
-from app.core.job import JobState
-from app.core.records import LayerCheck, LayerNumerics, StepRecord, Summary
-from app.core.spec import JobSpec
 from app.store import JobStore
-from worker.reporter import RedisReporter
+from mpjobs.contract.jobs import JobState
+from mpjobs.contract.records import LayerCheck, LayerNumerics, StepRecord, Summary
+from mpjobs.contract.spec import JobSpec
+from worker.telemetry.redis_reporter import RedisReporter
 
 SPEC = JobSpec.model_validate({"model": {"name": "mlp"}, "training": {"steps": 10}})
 AWKWARD = (0.1, 1 / 3, -0.0, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, 65504.0, 2.0 ** -24)

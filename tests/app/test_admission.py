@@ -7,7 +7,7 @@ import pytest
 from app.api.admission import admit
 from app.core.config import Settings
 from app.core.errors import SpecRefused
-from app.core.spec import JobSpec
+from mpjobs.contract.spec import JobSpec
 
 # mlp 10-20-2, float32, Adam, batch 8: 262 parameters x 4 bytes x (weights, gradients, 2 slots) = 4,192;
 # activations 10 + 20 + 2 + 2 = 34 per sample x 8 rows x 4 bytes x 2 (outputs and their gradients) = 2,176.

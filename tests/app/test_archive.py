@@ -13,8 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from app.core import clock
-from app.core.job import JobState
-from app.core.records import StepRecord
 from app.store import JobStore
 from app.store.archive import (
     CACHED_HISTORIES,
@@ -29,8 +27,10 @@ from app.store.archive import (
 )
 from app.store.keys import ENDED, archive_claim_key, job_key, layers_key, metrics_key, rollup_key
 from app.store.retention import Archiver
+from mpjobs.contract.jobs import JobState
+from mpjobs.contract.records import StepRecord
+from scripts.stack import RedisServer
 from tests.app.history import SPEC, ended_job, records
-from tests.stack import RedisServer
 
 
 @pytest.fixture

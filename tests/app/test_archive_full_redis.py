@@ -13,9 +13,9 @@ import redis
 from app.store import JobStore
 from app.store.keys import ARCHIVED_FIELD, ENDED, archive_claim_key, job_key, layers_key, metrics_key, rollup_key
 from app.store.retention import Archiver
+from scripts.stack import RedisServer
 from tests.app.history import ended_job
 from tests.app.test_archive import every_read
-from tests.stack import RedisServer
 
 STEPS = 3000
 """Steps of each job: about 1.5 MB of streams, against a limit set 100 kB under what Redis holds."""

@@ -16,8 +16,8 @@ from app.store import JobStore
 from app.store.archive import LAYERS_FILE, METRICS_FILE, ROLLUPS_FILE
 from app.store.keys import ENDED, archive_claim_key, layers_key, metrics_key, rollup_key
 from app.store.retention import Archiver
+from scripts.stack import ROOT, RedisServer, wait_until
 from tests.app.history import ended_job
-from tests.stack import ROOT, RedisServer, wait_until
 
 
 def read_line(process: subprocess.Popen[str], timeout: float) -> str:

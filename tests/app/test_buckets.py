@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from app.core.records import StepRecord
 from app.store import RAW_BUCKET_LIMIT, JobStore
 from app.store.rollup import ROLLUP_STEPS, Rollup
+from mpjobs.contract.records import StepRecord
 
 
 def write(store: JobStore, job_id: str, steps: int) -> list[StepRecord]:
@@ -19,7 +19,7 @@ def write(store: JobStore, job_id: str, steps: int) -> list[StepRecord]:
                           zero_grad_fraction=0.0, learning_rate=1e-3, examples_per_sec=1.0, step_time_ms=1.0,
                           time=float(s)) for s in range(1, steps + 1)]
     partial, rollups = Rollup(), []
-    for r in records:  # as worker/reporter.py cuts them
+    for r in records:  # as worker/telemetry/redis_reporter.py cuts them
         partial.add(r.model_dump())
         if r.step % ROLLUP_STEPS == 0:
             rollups.append((r.step // ROLLUP_STEPS, partial))

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from app.core import clock
-from app.core.job import JobState
-from app.core.spec import JobSpec
 from app.store import JobStore
 from app.store.cancel import Attempt
 from app.store.keys import RUNNING, index_key, job_key, lease_key
+from mpjobs.contract.jobs import JobState
+from mpjobs.contract.spec import JobSpec
 
 TENANT = "t-cancel"
 SPEC = JobSpec.model_validate({"model": {"name": "mlp"}, "training": {"steps": 10}})

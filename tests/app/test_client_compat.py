@@ -18,15 +18,15 @@ import pytest
 from pydantic import ValidationError
 
 import mpjobs
-from app.cli.commands import cmd_cancel
-from app.cli.errors import Exit, exit_for
-from app.cli.words import summary_lines
-from app.core.comparison import Comparison as ComparisonResource
-from app.core.job import Job as JobResource
-from app.core.job import JobState, MetricsPage
-from app.core.records import Diagnosis, DiagnosisCode, StepRecord
-from app.core.spec import ComparisonSpec, JobSpec
-from mpjobs.reading import read
+from mpjobs._reading import read
+from mpjobs.cli.commands import cmd_cancel
+from mpjobs.cli.exit_codes import Exit, exit_for
+from mpjobs.cli.words import summary_lines
+from mpjobs.contract.comparisons import ComparisonReport as ComparisonResource
+from mpjobs.contract.jobs import JobRecord as JobResource
+from mpjobs.contract.jobs import JobState, MetricsPage
+from mpjobs.contract.records import Diagnosis, DiagnosisCode, StepRecord
+from mpjobs.contract.spec import ComparisonSpec, JobSpec
 
 NEW = "added_by_a_newer_server"
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,7 +195,7 @@ def test_every_answer_the_client_parses_goes_through_the_lenient_reader() -> Non
     """A new call site that parsed with the API's strict models directly would bring the defect back."""
     for path in sorted((ROOT / "mpjobs").glob("*.py")):
         if path.name != "reading.py":
-            assert not re.search(r"\.model_validate(_json)?\(", path.read_text()), f"{path.name}: use mpjobs.reading"
+            assert not re.search(r"\.model_validate(_json)?\(", path.read_text()), f"{path.name}: use mpjobs._reading"
 
 
 def test_the_cli_shows_a_state_it_does_not_know_as_it_is(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from app.api import reports, services
-from app.core.formats import percent
-from app.core.job import Job, JobError, JobState, Progress, WorkerInfo
-from app.core.records import Diagnosis, PrecisionSpeed, Summary, VariantSpeed, speed_difference
-from app.core.spec import ComparisonSpec
 from app.store import JobStore
+from mpjobs.contract.formats import percent
+from mpjobs.contract.jobs import JobError, JobRecord, JobState, Progress, WorkerInfo
+from mpjobs.contract.records import Diagnosis, PrecisionSpeed, Summary, VariantSpeed, speed_difference
+from mpjobs.contract.spec import ComparisonSpec
 
 SPEC = ComparisonSpec.model_validate({"spec": {"model": {"name": "mlp"}}})
 LABELS = ["float32", "mixed_float16 + dynamic", "mixed_float16 + none", "mixed_bfloat16"]
@@ -36,9 +36,9 @@ def timed(*speeds: PrecisionSpeed | None, slow: str | None = None) -> list[Varia
 
 def job(index: int, loss: float | None, throughput: float = 1000.0, state: JobState = JobState.SUCCEEDED,
         codes: tuple[str, ...] = (), device: str = "cpu", speeds: list[VariantSpeed] | None = None,
-        **summary: Any) -> Job:
+        **summary: Any) -> JobRecord:
     spec = SPEC.job_specs()[index]
-    return Job(
+    return JobRecord(
         id=f"j{index}", name=spec.name, state=state, queue="any", spec=spec, created_at="2026-12-01T00:00:00+00:00",
         started_at="2026-12-01T00:00:00+00:00", finished_at="2026-12-01T00:01:00+00:00",
         transitions=[], progress=Progress(step=100, total_steps=100),
@@ -52,7 +52,7 @@ def job(index: int, loss: float | None, throughput: float = 1000.0, state: JobSt
     )
 
 
-def report(jobs: list[Job]) -> reports.Comparison:
+def report(jobs: list[JobRecord]) -> reports.Comparison:
     return reports.build("c1", None, "2026-12-01T00:00:00+00:00", SPEC, jobs)
 
 
@@ -154,7 +154,7 @@ def test_running_comparison_reports_progress() -> None:
 
 
 def test_the_cli_table_shows_the_gaps_and_speeds_the_verdict_words() -> None:
-    from app.cli import comparison_report
+    from mpjobs.cli import comparison_report
 
     speeds = timed(speed(0.5, 0.45, 0.55), speed(1.01, 0.93, 1.06), speed(25.0, 23.8, 26.7))
     result = report([job(0, 1.0, speeds=speeds), job(1, 1.00053, 2000), job(2, 1.0 - 3.9e-9, 1300),

@@ -1,4 +1,4 @@
-"""One number, one text: the CLI's formats (app/core/formats.py) and the dashboard's (app/static/js/dom.js)
+"""One number, one text: the CLI's formats (mpjobs/contract/formats.py) and the dashboard's (app/static/js/dom.js)
 give the same text for the same values. The JavaScript runs in the headless Chromium the dashboard test uses."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
 
-from app.core.formats import number, percent, rate, ratio, speed_words
+from mpjobs.contract.formats import number, percent, rate, ratio, speed_words
+from scripts.stack import ROOT
 from tests.browser import headless_chromium
-from tests.stack import ROOT
 
 SHARES = [
     0.0, -0.0, 0.00053, -0.00053, 5.3e-6, -3.9e-9, 1e-12, 0.008, -0.0123, 0.0996, -0.0996, 0.09949, 0.1, 0.25,

@@ -13,12 +13,12 @@ from redis.client import Pipeline
 
 from app.api import services
 from app.core.errors import IdempotencyKeyContended
-from app.core.spec import ComparisonSpec, JobSpec
 from app.main import _status_of
 from app.store import JobStore
 from app.store.keys import comparison_idempotency_key, idempotency_key
+from mpjobs.contract.spec import ComparisonSpec, JobSpec
+from scripts.stack import RedisServer
 from tests.app.test_purge import snapshot
-from tests.stack import RedisServer
 
 TENANT, KEY = "tenant-a", "retry-me"
 READS = 8

@@ -13,14 +13,14 @@ from pydantic import TypeAdapter
 from app.api import services
 from app.api.job_views import JobViews
 from app.core.errors import JobNotFound
-from app.core.job import Job, JobState
-from app.core.records import Summary
 from app.store import JobStore
+from mpjobs.contract.jobs import JobRecord, JobState
+from mpjobs.contract.records import Summary
+from scripts.stack import RedisServer
 from tests.app.history import SPEC, records
-from tests.stack import RedisServer
-from worker.reporter import RedisReporter
+from worker.telemetry.redis_reporter import RedisReporter
 
-RESPONSE = TypeAdapter(Job)
+RESPONSE = TypeAdapter(JobRecord)
 
 
 def test_the_async_view_is_the_sync_job_at_every_change(server: RedisServer) -> None:

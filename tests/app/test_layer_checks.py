@@ -6,9 +6,9 @@ import pytest
 
 from app.api import services
 from app.core.errors import JobNotFound
-from app.core.records import LayerCheck, LayerNumerics
 from app.store import JobStore
 from app.store.keys import STATS, layers_key
+from mpjobs.contract.records import LayerCheck, LayerNumerics
 from tests.app.test_missing_steps import TENANT, job_with_steps, record
 
 

@@ -8,11 +8,11 @@ import asyncio
 import redis.asyncio
 
 from app.api.page_reads import PageReads
-from app.core.job import JobState
-from app.core.records import StepRecord, Summary
-from app.core.spec import JobSpec
 from app.store import JobStore
 from app.store.pages import RawPage
+from mpjobs.contract.jobs import JobState
+from mpjobs.contract.records import StepRecord, Summary
+from mpjobs.contract.spec import JobSpec
 
 TENANT = "t"
 

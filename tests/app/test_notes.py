@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.core.notes import spec_notes
-from app.core.spec import JobSpec
+from mpjobs.contract.spec import JobSpec
 
 
 def spec(policy: str, scale: object) -> JobSpec:

@@ -14,12 +14,12 @@ import redis.asyncio
 from pydantic import TypeAdapter
 
 from app.api.page_reads import PageReads
-from app.core.job import MetricsBuckets, MetricsPage
 from app.store import JobStore
 from app.store.archive import METRICS_FILE, RECORD_COLUMN
 from app.store.retention import Archiver
+from mpjobs.contract.jobs import MetricsBuckets, MetricsPage
+from scripts.stack import RedisServer
 from tests.app.history import ended_job
-from tests.stack import RedisServer
 
 RESPONSE = TypeAdapter(MetricsPage | MetricsBuckets)
 """What FastAPI dumps a page with: the metrics route's response model."""

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from mpjobs.progress import NotebookOut, ProgressView
-from tests.stack import wait_until
+from mpjobs._progress import NotebookOut, ProgressView
+from scripts.stack import wait_until
 
 TOTAL = 300
 SPEED_CHECK = "measuring speed against float32"

@@ -14,19 +14,19 @@ from redis import Redis
 from app.api import purge, services
 from app.core.config import Settings
 from app.core.errors import ComparisonNotEnded, JobInComparison, JobNotEnded, JobNotFound, JobStillHeld
-from app.core.job import JobState
-from app.core.records import Summary
-from app.core.spec import ComparisonSpec, JobSpec
 from app.store import JobStore
 from app.store import queue as queues
 from app.store.archive import METRICS_FILE
 from app.store.keys import ENDED, job_key, lease_key, metrics_key
 from app.store.retention import Archiver
 from app.store.rollup import ROLLUP_STEPS, Rollup
+from mpjobs.contract.jobs import JobState
+from mpjobs.contract.records import Summary
+from mpjobs.contract.spec import ComparisonSpec, JobSpec
+from scripts.stack import RedisServer
 from tests.app.test_layer_checks import check
 from tests.app.test_missing_steps import record
 from tests.app.test_schemas import padded_keras_json
-from tests.stack import RedisServer
 
 TENANT, OTHER = "tenant-a", "tenant-b"
 STEPS = 2 * ROLLUP_STEPS + 6

@@ -15,9 +15,9 @@ from redis import Redis
 from rq import Queue
 from rq.job import Job
 
-from app.core.spec import JobSpec
 from app.store.queue import devices_of, enqueue, listening_queues
-from tests.stack import RedisServer
+from mpjobs.contract.spec import JobSpec
+from scripts.stack import RedisServer
 
 GRACE_S = 60
 RQ_DEFAULT_TIMEOUT_S = 180
@@ -53,7 +53,7 @@ def test_a_job_with_max_seconds_gets_that_plus_a_minute(rq_redis: Redis, max_sec
     job_id = f"limited-{max_seconds}"
     job = enqueued(rq_redis, {"model": {"name": "mlp"}, "training": {"max_seconds": max_seconds}}, job_id)
     assert job.timeout == timeout
-    assert job.func_name == "worker.tasks.run_training" and job.args == (job_id,)
+    assert job.func_name == "worker.service.tasks.run_training" and job.args == (job_id,)
     assert job.origin == "any" and job_id in Queue("any", connection=rq_redis).job_ids
 
 

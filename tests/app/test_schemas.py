@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from app.core.model_specs import KERAS_MODULES
-from app.core.spec import JobSpec
+from mpjobs.contract.model_specs import KERAS_MODULES
+from mpjobs.contract.spec import JobSpec
 
 
 def errors_of(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -143,7 +143,7 @@ def padded_keras_json(chars: int) -> str:
 
 def test_keras_json_of_exactly_the_character_limit_is_accepted_and_one_more_refused_before_parsing(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import app.core.model_specs as model_specs
+    import mpjobs.contract.model_specs as model_specs
 
     parsed: list[int] = []
     real_loads = json.loads
@@ -236,7 +236,7 @@ def test_every_accepted_loss_name_is_the_keras_loss_it_stands_for() -> None:
     import keras
     from keras.src.losses import ALL_OBJECTS_DICT
 
-    from app.core.model_specs import KERAS_LOSSES, LOSS_ALIASES
+    from mpjobs.contract.model_specs import KERAS_LOSSES, LOSS_ALIASES
 
     functions = {name: keras.losses.get(name) for name in KERAS_LOSSES if name != "output_mean"}
     assert all(fn.__name__ == name for name, fn in functions.items())
@@ -254,7 +254,7 @@ def test_every_accepted_loss_name_is_the_keras_loss_it_stands_for() -> None:
 
 
 def test_comparison_jobs_are_named_after_the_comparison_or_the_model_never_after_the_specs_policy() -> None:
-    from app.core.spec import ComparisonSpec
+    from mpjobs.contract.spec import ComparisonSpec
 
     spec = {"name": "mlp mixed_float16", "model": MLP, "precision_policy": "mixed_float16", "loss_scale": "none"}
     jobs = ComparisonSpec.model_validate({"spec": spec}).job_specs()
@@ -339,13 +339,13 @@ def number_fields_of(model: type[Any], seen: set[type[Any]] | None = None) -> se
 
 
 def test_the_table_of_number_fields_lists_every_number_field_of_the_specs() -> None:
-    from app.core.spec import ComparisonSpec
+    from mpjobs.contract.spec import ComparisonSpec
 
     assert {(model, field) for model, field, _, _ in NUMBER_FIELDS} == number_fields_of(ComparisonSpec)
 
 
 def validate(data: dict[str, Any]) -> Any:
-    from app.core.spec import ComparisonSpec
+    from mpjobs.contract.spec import ComparisonSpec
 
     return (ComparisonSpec if "spec" in data else JobSpec).model_validate(data)
 
@@ -500,7 +500,7 @@ def test_real_keras_configs_pass_the_checks() -> None:
     import keras
     from keras import layers
 
-    from app.core.model_specs import check_keras_json, layer_count
+    from mpjobs.contract.model_specs import check_keras_json, layer_count
 
     head = keras.Sequential([layers.Dense(4), layers.Dense(2, activation="softmax", dtype="float32")])
     inputs = keras.Input((16, 16, 3))
@@ -607,7 +607,7 @@ def keras_written_configs() -> Iterator[tuple[str, str]]:
 @pytest.mark.filterwarnings("ignore:Layer InputLayer does not have a `quantize` method")
 def test_every_module_keras_writes_is_allowed_and_each_allowed_one_is_written() -> None:
     """The allow-list is exactly what Keras writes: nothing it writes is refused, nothing more is allowed."""
-    from app.core.model_specs import check_keras_json
+    from mpjobs.contract.model_specs import check_keras_json
 
     written: set[str] = set()
     for what, text in keras_written_configs():

@@ -1,4 +1,4 @@
-"""Fixtures over real processes: see tests/stack.py."""
+"""Fixtures over real processes: see scripts/stack.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.stack import ROOT, RedisServer, Stack, free_port, wait_until
+from scripts.stack import ROOT, RedisServer, Stack, free_port, wait_until
 
 __all__ = ["ROOT", "RedisServer", "Stack", "free_port", "wait_until"]
 

@@ -1,7 +1,7 @@
 """Deployment limits at the API: a spec over MAX_MODEL_BYTES or MAX_JOB_SECONDS is a 422 that writes nothing.
 
 The stack runs with the defaults: MAX_MODEL_BYTES 16 GiB, MAX_JOB_SECONDS 86400. Parameter counts
-below are worked out by hand from the layers in worker/models.py.
+below are worked out by hand from the layers in worker/engine/models.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from tests.stack import Stack
+from scripts.stack import Stack
 
 GIB = 2**30
 LIMIT_GIB = 16

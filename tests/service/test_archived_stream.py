@@ -11,8 +11,8 @@ from app.api.auth import OPEN_TENANT
 from app.store import JobStore
 from app.store.keys import metrics_key
 from app.store.retention import Archiver
+from scripts.stack import Stack, iter_sse
 from tests.app.history import ended_job
-from tests.stack import Stack, iter_sse
 
 
 def events(client: httpx.Client, job_id: str, last_event_id: int = 0) -> Iterator[tuple[str, str | None, str]]:

@@ -19,15 +19,15 @@ from typing import Any
 import httpx
 import pytest
 
-from app.cli import CliError, Exit, build_parser, comparison_report, main, summary_lines
-from app.cli.commands import cmd_compare
-from app.core.records import LayerNumerics, StepRecord
-from app.core.spec import ComparisonSpec
 from mpjobs import Client
+from mpjobs.cli import CliError, Exit, build_parser, comparison_report, main, summary_lines
+from mpjobs.cli.commands import cmd_compare
+from mpjobs.contract.records import LayerNumerics, StepRecord
+from mpjobs.contract.spec import ComparisonSpec
+from scripts.stack import ROOT, Stack, free_port, freeze_mid_run, wait_until
 from tests.app.test_layer_checks import check
 from tests.app.test_missing_steps import finish, record
 from tests.service.test_layers_api import ended_job, running_job
-from tests.stack import ROOT, Stack, free_port, freeze_mid_run, wait_until
 
 STEPS = 30
 FLOAT32 = ["--model", "mlp", "--policy", "float32", "--samples", "512"]
@@ -41,7 +41,7 @@ def env() -> dict[str, str]:
 
 
 def argv(stack: Stack, *args: str) -> list[str]:
-    return [sys.executable, "-m", "app.cli", "--url", stack.base_url, *args]
+    return [sys.executable, "-m", "mpjobs.cli", "--url", stack.base_url, *args]
 
 
 def mpjobs(stack: Stack, *args: str, stdin: str | None = None, timeout: float = 120
@@ -527,7 +527,7 @@ def test_not_found_unreachable_and_usage_exit_codes(stack: Stack) -> None:
         assert done.returncode == Exit.NOT_FOUND, args
         assert done.stderr.startswith("mpjobs: No "), done.stderr
     port = free_port()
-    down = subprocess.run([sys.executable, "-m", "app.cli", "--url", f"http://127.0.0.1:{port}", "list"], cwd=ROOT,
+    down = subprocess.run([sys.executable, "-m", "mpjobs.cli", "--url", f"http://127.0.0.1:{port}", "list"], cwd=ROOT,
                           env=env(), capture_output=True, text=True, timeout=60)
     assert down.returncode == Exit.UNAVAILABLE
     assert down.stderr.startswith(f"mpjobs: cannot reach the API at http://127.0.0.1:{port}")
@@ -547,7 +547,7 @@ def test_list_and_show(finished: tuple[subprocess.CompletedProcess[str], str], s
 
 
 def test_the_cli_imports_no_server_code_and_documents_its_exit_codes() -> None:
-    probe = ("import sys, app.cli; print(sorted({m.split('.')[0] for m in sys.modules} & "
+    probe = ("import sys, mpjobs.cli; print(sorted({m.split('.')[0] for m in sys.modules} & "
              "{'tensorflow', 'keras', 'worker', 'redis', 'fastapi', 'starlette', 'rq'}))")
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env(), capture_output=True, text=True)
     assert loaded.stdout.strip() == "[]", loaded.stderr
@@ -595,7 +595,7 @@ def test_api_keys_from_the_flag_or_the_environment_and_a_refusal_exits_5(stack: 
         wait_until(lambda: httpx.get(f"{url}/healthz").status_code == 200, 30, "the keyed API")
 
         def run(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env={**env(), **extra_env},
+            return subprocess.run([sys.executable, "-m", "mpjobs.cli", *args], cwd=ROOT, env={**env(), **extra_env},
                                   capture_output=True, text=True, timeout=60)
 
         none = run("--url", url, "list")

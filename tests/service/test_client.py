@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 import mpjobs
-from app.core.job import MetricsPage
 from app.store.keys import job_key
-from mpjobs.specs import job_spec
-from tests.stack import ROOT, Stack, freeze_mid_run
+from mpjobs._specs import job_spec
+from mpjobs.contract.jobs import MetricsPage
+from scripts.stack import ROOT, Stack, freeze_mid_run
 
 SMALL = {"model": {"name": "mlp", "input_dim": 16, "hidden_units": 16}, "dataset": {"samples": 256}}
 """A spec whose steps take about a millisecond."""

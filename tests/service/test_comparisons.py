@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from tests.stack import Stack, wait_until
+from scripts.stack import Stack, wait_until
 
 SMALL_MLP = {"model": {"name": "mlp", "input_dim": 32, "hidden_units": 32}, "training": {"steps": 30, "seed": 3},
              "dataset": {"samples": 256}}

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from app.core.config import Settings
-from tests.stack import Stack, freeze_mid_run, private_stack, wait_until
+from scripts.stack import Stack, freeze_mid_run, private_stack, wait_until
 
 LEASE_S, REAP_INTERVAL_S = 3.0, 1.0
 DETECTION_BUDGET_S = 120

@@ -21,11 +21,11 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.wait import WebDriverWait
 
-from app.cli.words import precision_speed_words, speed_cell
-from app.core.formats import number, percent, rate
 from app.store.keys import job_key
+from mpjobs.cli.words import precision_speed_words, speed_cell
+from mpjobs.contract.formats import number, percent, rate
+from scripts.stack import ROOT, Stack, private_stack, stopped, wait_until
 from tests.browser import headless_chromium
-from tests.stack import ROOT, Stack, private_stack, stopped, wait_until
 
 KEY = "dashboard-key"
 STATIC = ROOT / "app" / "static"
@@ -427,7 +427,7 @@ def test_compare_precisions_shows_the_verdict_table_and_overlaid_losses(
     rows = browser.find_elements(By.CSS_SELECTOR, '[data-testid="variant-row"]')
     assert [r.find_element(By.CSS_SELECTOR, "th a").text for r in rows] == labels
     assert [r.get_attribute("data-job-id") for r in rows] == [v["job_id"] for v in comparison["variants"]]
-    # Every number in the table reads as the CLI's table (app/core/formats.py) writes it.
+    # Every number in the table reads as the CLI's table (mpjobs/contract/formats.py) writes it.
     cells = browser.execute_script("""return [...document.querySelectorAll('[data-testid="variant-row"]')]
         .map((row) => [...row.querySelectorAll("td.num")].map((td) => td.innerText));""")
     assert cells == [[or_dash(v["final_loss"], number), or_dash(v["loss_gap"], lambda gap: percent(gap, sign=True)),

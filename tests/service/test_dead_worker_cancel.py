@@ -19,7 +19,7 @@ from rq.job import JobStatus
 
 from app.store import JobStore
 from app.store.keys import RUNNING, lease_key
-from tests.stack import Stack, freeze_mid_run, private_stack, wait_until
+from scripts.stack import Stack, freeze_mid_run, private_stack, wait_until
 
 LEASE_S, REAP_INTERVAL_S = 10.0, 1.0
 """A killed worker's lease lives on for LEASE_S * 5/6 at least (it was renewed every LEASE_S / 6), so

@@ -11,9 +11,9 @@ import pytest
 import redis
 from rq.job import Job as RQJob
 
-from app.cli import Exit, main
+from mpjobs.cli import Exit, main
+from scripts.stack import iter_sse
 from tests.service.conftest import Stack
-from tests.stack import iter_sse
 
 FIELDS = {"step", "loss", "loss_scale", "grad_norm", "grads_finite", "skipped", "zero_grad_fraction",
           "regularization_loss", "excess_zero_fraction", "grad_rel_error", "learning_rate", "examples_per_sec",

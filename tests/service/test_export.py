@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 
 from app.api.auth import OPEN_TENANT
-from app.core.records import StepRecord
 from app.store import JobStore
 from app.store.retention import Archiver
+from mpjobs.contract.records import StepRecord
+from scripts.stack import Stack
 from tests.app.history import ended_job
 from tests.service.test_cli import mpjobs
-from tests.stack import Stack
 
 
 def paged_csv(client: httpx.Client, job_id: str) -> str:

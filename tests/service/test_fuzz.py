@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from scripts.stack import ROOT, Stack, private_stack
 from tests.service.hostile import WELL_FORMED_ID
-from tests.stack import ROOT, Stack, private_stack
 
 MIN_REQUESTS = 500
 ARTIFACTS = ROOT / "test-artifacts"

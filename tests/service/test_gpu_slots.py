@@ -1,4 +1,4 @@
-"""One job slot per GPU (worker/slots.py): given two GPUs on this CPU machine (HOST_GPUS), one
+"""One job slot per GPU (worker/service/slots.py): given two GPUs on this CPU machine (HOST_GPUS), one
 `python -m worker` runs a slot per GPU, each its own process pinned with CUDA_VISIBLE_DEVICES, two jobs
 at once; a SIGKILLed slot is restarted and its job resumes; SIGTERM stops every slot after its job."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.stack import Stack, freeze_mid_run, private_stack, wait_until
+from scripts.stack import Stack, freeze_mid_run, private_stack, wait_until
 
 LEASE_S, REAP_INTERVAL_S = 3.0, 1.0
 ENDLESS = {"model": {"name": "mlp"}, "precision_policy": "float32", "dataset": {"samples": 64},

@@ -12,7 +12,7 @@ import redis
 from rq import Worker
 from rq.registry import StartedJobRegistry
 
-from tests.stack import private_stack, wait_until
+from scripts.stack import private_stack, wait_until
 
 HEARTBEAT_INTERVAL_S = 0.5
 LONG_JOB = {"model": {"name": "mlp"}, "precision_policy": "float32", "dataset": {"samples": 64},

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from scripts.stack import Stack, private_stack
 from tests.service import hostile
 from tests.service.test_fuzz import server_errors
-from tests.stack import Stack, private_stack
 
 A = {"Authorization": "Bearer key-a"}
 B = {"Authorization": "Bearer key-b"}

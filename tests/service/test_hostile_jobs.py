@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.core.model_specs import MAX_SEQUENTIAL_LAYERS
-from tests.stack import Stack, private_stack, wait_until
+from mpjobs.contract.model_specs import MAX_SEQUENTIAL_LAYERS
+from scripts.stack import Stack, private_stack, wait_until
 
 LAYERS = MAX_SEQUENTIAL_LAYERS - 1
 """Dense(4) layers after the InputLayer: the most a Sequential may have."""

@@ -21,7 +21,7 @@ from app.store.keys import (
     index_key,
     job_key,
 )
-from tests.stack import Stack, private_stack, stopped, wait_until
+from scripts.stack import Stack, private_stack, stopped, wait_until
 
 TENANT_A, TENANT_B = "tenant-a", "tenant-b"
 AUTH_A, AUTH_B = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}

@@ -23,7 +23,7 @@ from rq.job import JobStatus
 
 from app.store.keys import RUNNING, lease_key
 from app.store.queue import QUEUES
-from tests.stack import ROOT, Stack, free_port, freeze_mid_run, iter_sse, private_stack, wait_until
+from scripts.stack import ROOT, Stack, free_port, freeze_mid_run, iter_sse, private_stack, wait_until
 
 SLOW_MLP = {"model": {"name": "mlp"}, "precision_policy": "mixed_float16", "dataset": {"samples": 512}}
 

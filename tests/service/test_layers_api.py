@@ -11,12 +11,12 @@ from typing import Any
 import httpx
 
 from app.api.auth import OPEN_TENANT
-from app.core.job import JobState
-from app.core.spec import JobSpec
 from app.store import JobStore
+from mpjobs.contract.jobs import JobState
+from mpjobs.contract.spec import JobSpec
+from scripts.stack import Stack, iter_sse
 from tests.app.test_layer_checks import check
 from tests.app.test_missing_steps import finish, record
-from tests.stack import Stack, iter_sse
 
 
 def running_job(stack: Stack, steps: int = 6) -> tuple[JobStore, str]:

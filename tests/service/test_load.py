@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.stack import Stack, wait_until
+from scripts.stack import Stack, wait_until
 
 JOBS = 24
 """Posted at once, one thread each: each worker has a queue of jobs waiting, every claim contends."""

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from scripts.stack import Stack, private_stack, wait_until
 from tests.service.test_hostile_jobs import slow_to_load
-from tests.stack import Stack, private_stack, wait_until
 
 MIB = 2**20
 MARGIN = 200 * MIB

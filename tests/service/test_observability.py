@@ -11,7 +11,7 @@ from rq.job import Job as RQJob
 from rq.job import JobStatus
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.stack import Stack, wait_until
+from scripts.stack import Stack, wait_until
 
 TAGS = {"loss", "loss_scale", "grad_norm", "zero_grad_fraction", "examples_per_sec", "skipped"}
 CHECKED = {"excess_zero_fraction", "grad_rel_error"}

@@ -14,10 +14,10 @@ from redis import Redis
 from rq.job import Job as RQJob
 from rq.job import JobStatus
 
-from app.cli import Exit
+from mpjobs.cli import Exit
+from scripts.stack import ROOT, Stack, free_port, wait_until
 from tests.app.test_purge import snapshot, traces
 from tests.service.test_cli import mpjobs
-from tests.stack import ROOT, Stack, free_port, wait_until
 
 SPEC = {"model": {"name": "mlp"}, "precision_policy": "mixed_float16", "training": {"steps": 70},
         "dataset": {"samples": 64}}

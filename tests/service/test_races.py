@@ -18,10 +18,10 @@ from rq.job import Job as RQJob
 from rq.job import JobStatus
 from rq.registry import StartedJobRegistry
 
-from app.core.job import JobState
 from app.store.keys import RUNNING, index_key, job_key, lease_key
 from app.store.queue import QUEUES
-from tests.stack import Stack, private_stack, wait_until
+from mpjobs.contract.jobs import JobState
+from scripts.stack import Stack, private_stack, wait_until
 
 QUEUED, RUNNING_, SUCCEEDED, CANCELED = "queued", "running", "succeeded", "canceled"
 FORWARD = ([QUEUED, CANCELED], [QUEUED, RUNNING_, CANCELED], [QUEUED, RUNNING_, SUCCEEDED])

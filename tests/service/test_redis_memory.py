@@ -14,9 +14,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from scripts.stack import ROOT, Stack, free_port, private_stack, wait_until
 from tests.app.test_purge import snapshot, traces
 from tests.app.test_schemas import padded_keras_json
-from tests.stack import ROOT, Stack, free_port, private_stack, wait_until
 
 SPEC = {"model": {"name": "mlp"}, "training": {"steps": 2}}
 HIGH_WATER = 0.5

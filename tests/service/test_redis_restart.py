@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.stack import Stack, freeze_mid_run, private_stack
+from scripts.stack import Stack, freeze_mid_run, private_stack
 
 SPEC = {"model": {"name": "mlp"}, "precision_policy": "mixed_float16", "speed_check": [],
         "training": {"steps": 150, "checkpoint_every": 25}, "dataset": {"samples": 512}}

@@ -20,8 +20,8 @@ import httpx
 import redis
 
 from app.store.keys import ARCHIVED_FIELD, archive_claim_key, job_key, view_fresh_key, view_key
+from scripts.stack import ROOT, Stack, iter_sse, private_stack, wait_until
 from tests.service.test_cli import env
-from tests.stack import ROOT, Stack, iter_sse, private_stack, wait_until
 
 MLP = {"model": {"name": "mlp", "input_dim": 32, "hidden_units": 32}, "dataset": {"samples": 256}}
 STEPS = 150
@@ -53,7 +53,7 @@ def sse(client: httpx.Client, job_id: str, last_event_id: int = 0) -> list[tuple
 
 
 def csv(stack: Stack, job_id: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "app.cli", "--url", stack.base_url, "metrics", job_id, "--csv"],
+    done = subprocess.run([sys.executable, "-m", "mpjobs.cli", "--url", stack.base_url, "metrics", job_id, "--csv"],
                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and not done.stderr, done.stderr
     return done.stdout

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.stack import ROOT, Stack, free_port, wait_until
+from scripts.stack import ROOT, Stack, free_port, wait_until
 
 SPEC = {"model": {"name": "mlp"}, "training": {"steps": 2}, "dataset": {"samples": 64}}
 

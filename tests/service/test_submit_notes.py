@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
+from scripts.stack import Stack
 from tests.service.test_cli import mpjobs
-from tests.stack import Stack
 
 
 def test_float32_with_dynamic_scaling_is_accepted_with_a_note(client: httpx.Client) -> None:

@@ -14,11 +14,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from app.core.config import Settings
-from app.core.spec import JobSpec
-from worker import checkpoint  # noqa: E402
-from worker.engine import RunResult, run_job  # noqa: E402
-from worker.models import build_model  # noqa: E402
-from worker.telemetry import ListReporter  # noqa: E402
+from mpjobs.contract.spec import JobSpec
+from worker.engine import checkpoint  # noqa: E402
+from worker.engine.models import build_model  # noqa: E402
+from worker.engine.training import RunResult, run_job  # noqa: E402
+from worker.telemetry.reporters import ListReporter  # noqa: E402
 
 # Resume must reproduce an uninterrupted run bit for bit.
 tf.config.experimental.enable_op_determinism()
@@ -34,7 +34,7 @@ Train = Callable[..., tuple[RunResult, ListReporter]]
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    # The speed check (worker.speed) adds two model builds to every half-precision job; its own
+    # The speed check (worker.numerics.speed) adds two model builds to every half-precision job; its own
     # tests ask for it, the rest test numerics and leave it off.
     return Settings(data_root=tmp_path / "data", artifacts_dir=tmp_path / "artifacts", speed_check_steps=0)
 

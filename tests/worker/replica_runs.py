@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from worker.data import SEGMENT_BYTES
+from worker.engine.data import SEGMENT_BYTES
 
 SPECS: dict[str, dict[str, Any]] = {
     # float32 with a growing dynamic scale: the scale trajectory is compared too.
@@ -33,7 +33,7 @@ TRAINING = {"steps": STEPS, "batch_size": 16, "optimizer": "adam", "learning_rat
 
 
 def spec(name: str, devices: int, steps: int = STEPS) -> Any:
-    from app.core.spec import JobSpec
+    from mpjobs.contract.spec import JobSpec
 
     return JobSpec.model_validate({"model": {"name": "mlp"}, "dataset": {"samples": 64},
                                    "training": {**TRAINING, "steps": steps, "devices": devices}, **SPECS[name]})
@@ -43,8 +43,8 @@ def tape_grad_norm(settings: Any) -> float:
     """Step 1's gradient norm from a plain GradientTape on the engine's initial weights and first batch."""
     import tensorflow as tf
 
-    from worker.devices import detect_device
-    from worker.engine import ListReporter, Training, never
+    from worker.engine.devices import detect_device
+    from worker.engine.training import ListReporter, Training, never
 
     training = Training(spec("float32", 1), ListReporter(), Path(tempfile.mkdtemp()), never, settings,
                         detect_device(2))
@@ -59,13 +59,13 @@ def tape_grad_norm(settings: Any) -> float:
 
 def main(out: Path) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from worker.devices import detect_device
+    from worker.engine.devices import detect_device
 
     device = detect_device(2)  # before TensorFlow's first use of a device
     import tensorflow as tf
 
     from app.core.config import Settings
-    from worker.engine import ListReporter, run_job
+    from worker.engine.training import ListReporter, run_job
 
     tf.config.experimental.enable_op_determinism()
     work = Path(tempfile.mkdtemp())

@@ -10,10 +10,11 @@ import pytest
 import tensorflow as tf
 from keras import layers
 
-from app.core.errors import FailureReason, JobFailed
+from app.core.errors import JobFailed
+from mpjobs.contract.jobs import FailureReason
 from tests.worker.conftest import Train, spec_of
-from worker.failures import missing_kernel
-from worker.models import build_model
+from worker.engine.failures import missing_kernel
+from worker.engine.models import build_model
 
 
 def failure_of(train: Train, tmp_path: Path, text: str, policy: str = "float32", loss: str = "mse") -> JobFailed:

@@ -9,10 +9,10 @@ import pytest
 import tensorflow as tf
 
 from app.core.config import Settings
-from app.core.model_specs import Conv3dUnetModel
-from app.core.spec import JobSpec
+from mpjobs.contract.model_specs import Conv3dUnetModel
+from mpjobs.contract.spec import JobSpec
 from tests.worker.conftest import Train, initial_weights, spec_of, trained_weights
-from worker.models import build_model
+from worker.engine.models import build_model
 
 # --- 1. the zero-gradient case, and 7. the missing float16 MaxPool3D kernel ---
 
@@ -75,9 +75,9 @@ def test_maxpool3d_runs_under_mixed_float16_on_cpu_in_float32(train: Train) -> N
 def test_missing_kernel_error_becomes_a_named_failure() -> None:
     import tensorflow as tf
 
-    from app.core.errors import FailureReason
-    from worker.devices import detect_device
-    from worker.failures import named_failure
+    from mpjobs.contract.jobs import FailureReason
+    from worker.engine.devices import detect_device
+    from worker.engine.failures import named_failure
 
     device = detect_device()
 

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 
 from app.core.config import Settings
-from app.core.errors import FailureReason, JobFailed
-from app.core.spec import JobSpec
+from app.core.errors import JobFailed
+from mpjobs.contract.jobs import FailureReason
+from mpjobs.contract.spec import JobSpec
 from tests.worker.conftest import Train, spec_of
-from worker import checkpoint
-from worker.engine import run_job
-from worker.telemetry import ListReporter
+from worker.engine import checkpoint
+from worker.engine.training import run_job
+from worker.telemetry.reporters import ListReporter
 
 FEATURES = 4
 PATIENCE = 10
@@ -35,7 +36,7 @@ def linear_model() -> str:
 
 def sample_of_step(step: int, samples: int, seed: int = 0) -> int:
     """The sample a batch_size-1 run trains on at `step` of its first epoch: epoch e's order is
-    the permutation drawn from default_rng([seed, e]) (worker/data.py's documented rule)."""
+    the permutation drawn from default_rng([seed, e]) (worker/engine/data.py's documented rule)."""
     return int(np.random.default_rng([seed, 0]).permutation(samples)[step - 1])
 
 
@@ -210,8 +211,8 @@ def test_max_seconds_fails_with_timeout_and_keeps_a_checkpoint(train: Train, tmp
 def test_xla_precision_refusal_is_a_named_unsupported_precision() -> None:
     """JAX's CPU backend refuses float16 attention with float32 accumulation (seen with a
     transformer under mixed_float16): a named failure with its fix, not `internal`."""
-    from worker.devices import detect_device
-    from worker.failures import named_failure
+    from worker.engine.devices import detect_device
+    from worker.engine.failures import named_failure
 
     device = detect_device()
 
@@ -229,7 +230,7 @@ def test_tensorflow_out_of_memory_is_named_with_the_tensor_shape_and_size() -> N
     "Graph execution error:"): 2**44 float32 values are 64 TiB."""
     import tensorflow as tf
 
-    from worker.failures import named_failure
+    from worker.engine.failures import named_failure
 
     @tf.function
     def in_a_graph(n: tf.Tensor) -> tf.Tensor:
@@ -247,7 +248,7 @@ def test_tensorflow_out_of_memory_is_named_with_the_tensor_shape_and_size() -> N
 
 
 def test_numpy_out_of_memory_is_named_with_the_array_shape_and_size() -> None:
-    from worker.failures import named_failure
+    from worker.engine.failures import named_failure
 
     with pytest.raises(MemoryError) as raised:
         np.empty((2**50,))
@@ -269,7 +270,7 @@ def test_xla_resource_exhausted_is_named_out_of_memory_with_its_size() -> None:
                           env={"JAX_PLATFORMS": "cpu", "PATH": ""})
     name, _, text = done.stdout.strip().partition(" ")
     assert "RESOURCE_EXHAUSTED" in text, done.stdout + done.stderr
-    from worker.failures import named_failure
+    from worker.engine.failures import named_failure
 
     failure = named_failure(RuntimeError(text), "float32", "jax", "cpu")
     assert failure.reason is FailureReason.OUT_OF_MEMORY

@@ -1,4 +1,6 @@
-"""Which GPUs get a slot (worker/gpus.py), and the supervisor's restarts (worker/slots.py) over stand-in slots."""
+"""Which GPUs get a slot (worker/service/gpus.py), and the supervisor's restarts (worker/service/slots.py).
+
+The slots are stand-ins."""
 
 from __future__ import annotations
 
@@ -10,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from worker import gpus, slots
-from worker.gpus import chosen_gpus, host_gpus, pinned_gpus
-from worker.slots import Supervisor
+from worker.service import gpus, slots
+from worker.service.gpus import chosen_gpus, host_gpus, pinned_gpus
+from worker.service.slots import Supervisor
 
 SLOT = """
 import os, pathlib, sys

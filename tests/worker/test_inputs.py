@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from app.core.config import Settings
-from app.core.errors import FailureReason, JobFailed
+from app.core.errors import JobFailed
+from mpjobs.contract.jobs import FailureReason
 from tests.worker.conftest import Train, spec_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -326,7 +327,7 @@ def test_synthetic_ids_hold_no_padding_for_an_embedding_that_masks_zero(train: T
 def test_synthetic_labels_are_what_the_loss_takes(train: Train, loss: str) -> None:
     """Before: real-valued teacher scores for all three; a width-1 softmax under kl_divergence reported a negative
     loss (-0.23), which a divergence never is."""
-    from worker.data import synthetic
+    from worker.engine.data import synthetic
 
     _, y = synthetic((8,), (3,), loss, 64, 0)
     if loss == "kl_divergence":

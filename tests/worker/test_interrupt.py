@@ -17,15 +17,16 @@ import pytest
 from redis import Redis
 
 from app.core.config import Settings
-from app.core.job import JobState
 from app.store import JobStore
 from app.store.keys import job_key
-from tests.stack import RedisServer, wait_until
+from mpjobs.contract.jobs import JobState
+from scripts.stack import RedisServer, wait_until
 from tests.worker.conftest import spec_of
-from worker import engine, interrupt, tasks
-from worker.interrupt import CancelInterrupt, DeadlineInterrupt, Interrupted, Interrupter
-from worker.lifecycle import TimeLimit
-from worker.telemetry import ListReporter
+from worker.engine import stopping as interrupt
+from worker.engine import training as engine
+from worker.engine.stopping import CancelInterrupt, DeadlineInterrupt, Interrupted, Interrupter, TimeLimit
+from worker.service import tasks
+from worker.telemetry.reporters import ListReporter
 
 
 def interrupted_at(monkeypatch: pytest.MonkeyPatch, interrupter: Interrupter, target: str) -> None:
@@ -55,7 +56,7 @@ def interrupted_at(monkeypatch: pytest.MonkeyPatch, interrupter: Interrupter, ta
 ])
 def test_an_interrupt_stops_the_engine_in_each_phase_without_steps(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, target: str, steps_before: int) -> None:
-    # mixed_bfloat16 on a CPU: the job times its policy against float32 after it trains (worker/speed.py).
+    # mixed_bfloat16 on a CPU: the job times its policy against float32 after it trains (worker/numerics/speed.py).
     spec = spec_of(precision_policy="mixed_bfloat16", training={"steps": 8, "batch_size": 8},
                    dataset={"samples": 64}, model={"name": "mlp", "input_dim": 16, "hidden_units": 8})
     settings = Settings(artifacts_dir=tmp_path, data_root=tmp_path, speed_check_steps=1)

@@ -20,9 +20,9 @@ SCRIPT = """
 import json, sys, tempfile
 from pathlib import Path
 from app.core.config import Settings
-from app.core.spec import JobSpec
-from worker.engine import run_job
-from worker.telemetry import ListReporter
+from mpjobs.contract.spec import JobSpec
+from worker.engine.training import run_job
+from worker.telemetry.reporters import ListReporter
 
 def run(spec, out, should_stop=lambda: False, settings=Settings(speed_check_steps=0)):
     reporter = ListReporter()
@@ -71,9 +71,9 @@ AGREE_SCRIPT = """
 import json, sys, tempfile
 from pathlib import Path
 from app.core.config import Settings
-from app.core.spec import JobSpec
-from worker.engine import run_job
-from worker.telemetry import ListReporter
+from mpjobs.contract.spec import JobSpec
+from worker.engine.training import run_job
+from worker.telemetry.reporters import ListReporter
 
 given = json.loads(sys.stdin.read())
 out = []

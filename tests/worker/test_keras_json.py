@@ -19,10 +19,10 @@ import pytest
 from keras import layers
 
 from app.core.config import Settings
-from app.core.spec import PrecisionPolicy
+from mpjobs.contract.spec import PrecisionPolicy
 from tests.worker.conftest import Train, initial_weights, spec_of
-from worker.data import synthetic
-from worker.models import build_model
+from worker.engine.data import synthetic
+from worker.engine.models import build_model
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICIES = [p.value for p in PrecisionPolicy]
@@ -205,10 +205,10 @@ JAX_SCRIPT = """
 import json, sys, tempfile
 import numpy as np, keras
 from app.core.config import Settings
-from app.core.spec import JobSpec
-from worker.engine import run_job
-from worker.models import build_model
-from worker.telemetry import ListReporter
+from mpjobs.contract.spec import JobSpec
+from worker.engine.training import run_job
+from worker.engine.models import build_model
+from worker.telemetry.reporters import ListReporter
 
 spec = JobSpec.model_validate({"model": {"keras_json": sys.argv[1], "loss": "mse"}, "precision_policy": "float16",
                                "training": {"steps": 2, "batch_size": 8}, "dataset": {"samples": 16}})

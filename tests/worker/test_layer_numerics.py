@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 from app.core.config import Settings
-from app.core.records import LayerCheck, LayerNumerics
-from app.core.spec import JobSpec
+from mpjobs.contract.records import LayerCheck, LayerNumerics
+from mpjobs.contract.spec import JobSpec
 from tests.worker.conftest import Train, initial_weights
 from tests.worker.test_numerics import npz_spec
 

@@ -1,4 +1,4 @@
-"""worker/memory.py: free memory as a container sees it, the check before training, the release after a job."""
+"""worker/engine/memory.py: free memory as a container sees it, the check before training, the release after a job."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from pathlib import Path
 import keras
 import pytest
 
-from app.core.errors import FailureReason, JobFailed, OutOfMemory
+from app.core.errors import JobFailed, OutOfMemory
+from mpjobs.contract.jobs import FailureReason
 from tests.worker.conftest import Train, spec_of
-from worker import memory
-from worker.engine import make_optimizer, release_memory
-from worker.memory import check_fits, free_gpu, free_ram
-from worker.models import build_model
+from worker.engine import memory
+from worker.engine.memory import check_fits, free_gpu, free_ram
+from worker.engine.models import build_model
+from worker.engine.training import make_optimizer, release_memory
 
 GIB = 2**30
 MEMINFO = "MemTotal:       32000000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n"
@@ -131,7 +132,7 @@ def test_free_gpu_memory_is_the_allocators_limit_less_what_it_holds(monkeypatch:
     import tensorflow as tf
 
     if not tf.config.list_physical_devices("GPU"):  # this machine: no GPU, so no figure, and no check
-        with caplog.at_level(logging.WARNING, logger="worker.memory"):
+        with caplog.at_level(logging.WARNING, logger="worker.engine.memory"):
             assert free_gpu() is None
         assert "free GPU memory unknown; training without the memory check" in caplog.text
     else:

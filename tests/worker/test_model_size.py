@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from app.core.model_size import builtin_size, training_memory
-from app.core.spec import JobSpec
+from mpjobs.contract.spec import JobSpec
 from tests.worker.conftest import spec_of
-from worker.memory import activation_elements
-from worker.models import build_model
+from worker.engine.memory import activation_elements
+from worker.engine.models import build_model
 
 CONFIGS: list[dict[str, Any]] = [
     {"name": "mlp"},

@@ -16,12 +16,12 @@ import pytest
 import tensorflow as tf
 
 from app.core.config import Settings
-from app.core.spec import JobSpec, PrecisionPolicy
+from mpjobs.contract.spec import JobSpec, PrecisionPolicy
 from tests.worker.conftest import Train, initial_weights, spec_of
-from worker.devices import detect_device
-from worker.engine import Training, never
-from worker.models import build_model
-from worker.telemetry import ListReporter
+from worker.engine.devices import detect_device
+from worker.engine.models import build_model
+from worker.engine.training import Training, never
+from worker.telemetry.reporters import ListReporter
 
 FLOAT16_ROUNDS_TO_ZERO = 2.0**-25
 """float16 rounds magnitudes up to half its smallest subnormal (2**-24) to zero."""

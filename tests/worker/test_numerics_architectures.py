@@ -49,9 +49,9 @@ import tensorflow as tf
 from keras import layers
 
 from app.core.config import Settings
-from app.core.spec import JobSpec
+from mpjobs.contract.spec import JobSpec
 from tests.worker.conftest import Train, spec_of
-from worker.models import build_model
+from worker.engine.models import build_model
 
 B = 16
 HALF_ZERO_SLACK = 2

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from keras import ops
 
-from worker.optimizer import TelemetryOptimizer
-from worker.step_vector import TELEMETRY_FIELDS
-from worker.telemetry import BatchLoss
+from worker.telemetry.batch_loss import BatchLoss
+from worker.telemetry.optimizer import TelemetryOptimizer
+from worker.telemetry.step_vector import TELEMETRY_FIELDS
 
 
 def telemetry(opt: TelemetryOptimizer) -> dict[str, float]:
@@ -61,7 +61,7 @@ def test_both_zero_counts_are_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     grads = [ops.convert_to_tensor([6.0, 0.0, 1e-30, -0.0]), ops.convert_to_tensor([-1e-37, 8.0, 0.0, 0.0])]
     by_sign, variables = make("none", size=4)
     by_sign.apply(grads, variables)
-    monkeypatch.setattr("worker.optimizer.SIGN_COUNT_MAX_ELEMENTS", 0)  # every tensor counts `g == 0`
+    monkeypatch.setattr("worker.telemetry.optimizer.SIGN_COUNT_MAX_ELEMENTS", 0)  # every tensor counts `g == 0`
     by_comparison, variables = make("none", size=4)
     by_comparison.apply(grads, variables)
     assert telemetry(by_sign) == telemetry(by_comparison)

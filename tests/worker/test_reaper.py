@@ -1,4 +1,4 @@
-"""The reaper (worker/reaper.py) against a real redis-server: a dead worker's job is requeued once, or failed."""
+"""The reaper (worker/service/reaper.py) against a real redis-server: a dead job is requeued once, or failed."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from rq import Queue
 
 from app.core import clock
 from app.core.config import Settings
-from app.core.job import JobState
-from app.core.spec import JobSpec
 from app.store import JobStore
 from app.store.queue import enqueue, queue_for
-from tests.stack import RedisServer
-from worker import reaper as reaper_module
-from worker.reaper import Reaper
+from mpjobs.contract.jobs import JobState
+from mpjobs.contract.spec import JobSpec
+from scripts.stack import RedisServer
+from worker.service import reaper as reaper_module
+from worker.service.reaper import Reaper
 
 SPEC = JobSpec.model_validate({"model": {"name": "mlp"}, "training": {"steps": 10}})
 

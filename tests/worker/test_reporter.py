@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from app.store import JobStore
+from scripts.stack import RedisServer
 from tests.app.test_layer_checks import check
 from tests.app.test_missing_steps import job_with_steps, record
-from tests.stack import RedisServer
-from worker.reporter import RedisReporter
+from worker.telemetry.redis_reporter import RedisReporter
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.data import FIRST_SEGMENT_BYTES, SEGMENT_BYTES, Dataset
+from worker.engine.data import FIRST_SEGMENT_BYTES, SEGMENT_BYTES, Dataset
 
 BATCH = 32
 FEATURES = 784

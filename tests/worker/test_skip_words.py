@@ -8,8 +8,8 @@ is a probe; the rest happened at a scale that had held since it last halved.
 
 from __future__ import annotations
 
-from app.cli.words import loss_scale_words, power_of_two
-from app.core.records import DiagnosisCode, StepRecord
+from mpjobs.cli.words import loss_scale_words, power_of_two
+from mpjobs.contract.records import DiagnosisCode, StepRecord
 from tests.worker.conftest import Train, spec_of
 
 

@@ -14,19 +14,19 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from app.cli.words import precision_speed_words
 from app.core.config import MIN_SPEED_ROUNDS, Settings
 from app.core.errors import UnsupportedPrecision
-from app.core.formats import speed_words
-from app.core.records import PrecisionSpeed, speed_difference
-from app.core.spec import JobSpec, PrecisionPolicy, Variant
+from mpjobs.cli.words import precision_speed_words
+from mpjobs.contract.formats import speed_words
+from mpjobs.contract.records import PrecisionSpeed, speed_difference
+from mpjobs.contract.spec import JobSpec, PrecisionPolicy, Variant
 from tests.worker.conftest import Train, spec_of, trained_weights
-from worker import engine
-from worker import speed as speed_module
-from worker.devices import DeviceInfo, slow_precision_message
-from worker.engine import make_optimizer
-from worker.lifecycle import TimeLimit
-from worker.speed import ROUNDS, float32_twin, measure, measure_all, variant_spec
+from worker.engine import training as engine
+from worker.engine.devices import DeviceInfo, slow_precision_message
+from worker.engine.stopping import TimeLimit
+from worker.engine.training import make_optimizer
+from worker.numerics import speed as speed_module
+from worker.numerics.speed import ROUNDS, float32_twin, measure, measure_all, variant_spec
 
 CPU = DeviceInfo("cpu", "Test CPU", "tensorflow", None, frozenset({"avx2", "avx512_bf16"}))
 SLOW = 1.5
@@ -131,7 +131,7 @@ def test_a_failed_speed_check_leaves_the_job_succeeded_without_a_figure(
         raise MemoryError("no room for two more copies of the model")
 
     monkeypatch.setattr(speed_module, "measure_all", broken)
-    with caplog.at_level(logging.WARNING, logger="worker.speed"):
+    with caplog.at_level(logging.WARNING, logger="worker.numerics.speed"):
         result, _ = train(spec_of(precision_policy="mixed_float16", training={"steps": 4}), settings=checked)
     assert result.status == "succeeded" and result.summary.precision_speed is None
     assert "speed check failed" in caplog.text and "MemoryError" in caplog.text
@@ -282,7 +282,7 @@ def test_the_time_limit_running_out_during_the_check_abandons_it_and_the_job_suc
     monkeypatch.setattr(speed_module._Side, "piece", counted_piece)
     spec = spec_of(precision_policy="mixed_bfloat16", training={"steps": 8, "batch_size": 8},
                    dataset={"samples": 64}, model={"name": "mlp", "input_dim": 16, "hidden_units": 8})
-    with caplog.at_level(logging.INFO, logger="worker.speed"):
+    with caplog.at_level(logging.INFO, logger="worker.numerics.speed"):
         result, reporter = train(spec, settings=checked, limit=limit)
     assert expired_at and limit.passed()  # the check began, and the limit had run out by its first piece
     assert result.status == "succeeded" and result.model_path is not None and result.model_path.exists()

@@ -13,12 +13,12 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from app.core.config import Settings
-from app.core.records import StepRecord
+from mpjobs.contract.records import StepRecord
 from tests.app.test_layer_checks import check
 from tests.worker.conftest import spec_of
-from worker.engine import run_job
-from worker.telemetry import FanOut, ListReporter
-from worker.tensorboard import LAYER_FIELDS, TAGS, TensorBoardReporter
+from worker.engine.training import run_job
+from worker.telemetry.reporters import FanOut, ListReporter
+from worker.telemetry.tensorboard import LAYER_FIELDS, TAGS, TensorBoardReporter
 
 
 def record(step: int, loss: float | None) -> StepRecord:
@@ -112,7 +112,7 @@ def test_a_full_disk_fails_no_step_and_is_logged(tmp_path: Path, settings: Setti
     with caplog.at_level(logging.ERROR, logger="mpjobs.worker"):
         result = run_job(spec_of(precision_policy="float32", training={"steps": FULL_DISK_STEPS}),
                          reporter=FanOut(steps, board), checkpoint_dir=tmp_path / "run", settings=settings)
-        board.close()  # as worker/tasks.py does after every run: a dead writer must not raise here either
+        board.close()  # as worker/service/tasks.py does after every run: a dead writer must not raise here either
     assert result.status == "succeeded" and result.summary.steps_done == FULL_DISK_STEPS
     assert [r.step for r in steps.records] == list(range(1, FULL_DISK_STEPS + 1))
     failures = [r for r in caplog.records if r.name == "mpjobs.worker" and r.levelno == logging.ERROR]

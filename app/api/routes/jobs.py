@@ -11,28 +11,28 @@ from fastapi.responses import FileResponse
 from app.api import services
 from app.api.admission import admit
 from app.api.auth import tenant_for
+from app.api.deletion import purge_job
 from app.api.deps import MemoryDep, RQRedisDep, SettingsDep, StoreDep, TenantDep
 from app.api.examples import SPEC_EXAMPLES
 from app.api.params import ID_DESCRIPTION, Cursor, JobIdDep, JobPageLimit
-from app.api.purge import purge_job
 from app.api.resources import JOB_ERROR_RESPONSES, REDIS_FULL, ErrorBody, JobPage
 from app.core.errors import JobNotFound
-from app.core.job import Job, JobState
-from app.core.spec import JobSpec
 from app.store.keys import is_record_id
+from mpjobs.contract.jobs import JobRecord, JobState
+from mpjobs.contract.spec import JobSpec
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=JOB_ERROR_RESPONSES)
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=Job,
-             responses={200: {"model": Job, "description": "The job an earlier request with this Idempotency-Key "
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobRecord,
+             responses={200: {"model": JobRecord, "description": "The job an earlier request with this Idempotency-Key "
                                                           "created"},
                         409: {"description": "Idempotency-Key reused with a different spec"}, **REDIS_FULL})
 async def submit_job(
     spec: Annotated[JobSpec, Body(openapi_examples=SPEC_EXAMPLES)], store: StoreDep, redis: RQRedisDep,
     tenant: TenantDep, memory: MemoryDep, settings: SettingsDep, response: Response,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
-) -> Job:
+) -> JobRecord:
     """Queue a training job. Defaults are filled in; a bad spec, or one over this deployment's limits
     (MAX_JOB_SECONDS, MAX_MODEL_BYTES), gets 422 naming the field. Redis past its memory high-water mark
     gets 503. Either way nothing is written."""
@@ -56,7 +56,7 @@ async def list_jobs(
     return await run_in_threadpool(services.list_jobs, store, tenant, state, limit, cursor)
 
 
-@router.get("/{job_id}", response_model=Job)
+@router.get("/{job_id}", response_model=JobRecord)
 async def get_job(job_id: Annotated[str, Path(description=ID_DESCRIPTION)], request: Request,
                   authorization: Annotated[str | None, Header()] = None) -> Response:
     """The job: its state, progress, transitions, summary and diagnoses. Read on the async Redis client, with
@@ -69,7 +69,7 @@ async def get_job(job_id: Annotated[str, Path(description=ID_DESCRIPTION)], requ
     return Response(await request.app.state.job_views.json(job_id, tenant), media_type="application/json")
 
 
-@router.delete("/{job_id}", status_code=status.HTTP_202_ACCEPTED, response_model=Job, responses={
+@router.delete("/{job_id}", status_code=status.HTTP_202_ACCEPTED, response_model=JobRecord, responses={
     204: {"description": "purge=true: the ended job is deleted, with every trace of it"},
     409: {"model": ErrorBody, "description": "The job has already ended (nothing to cancel); or purge=true on a "
                                              "job that has not ended, or that belongs to a comparison: nothing "
@@ -79,7 +79,7 @@ async def cancel_job(
     job_id: JobIdDep, store: StoreDep, redis: RQRedisDep, tenant: TenantDep, settings: SettingsDep,
     purge: Annotated[bool, Query(description="Delete the ended job for good instead of "
                                   "canceling: its record, metrics, files and queue entries (204)")] = False,
-) -> Job | Response:
+) -> JobRecord | Response:
     """Cancel the job (202 with the job). Queued: canceled at once. Running: its worker stops after its current
     step; a worker that does not answer within 3 s (or whose lease is gone) is presumed dead, and the job is
     canceled at once. Ended: 409 with its state. With `purge=true`, delete an ended job for good (204)."""

@@ -9,7 +9,7 @@ from app.api import services
 from app.api.deps import StoreDep, TenantDep
 from app.api.params import AfterStep, JobIdDep, PageLimit
 from app.api.resources import JOB_ERROR_RESPONSES
-from app.core.job import LayersPage
+from mpjobs.contract.jobs import LayersPage
 
 router = APIRouter(prefix="/jobs/{job_id}/layers", tags=["layers"], responses=JOB_ERROR_RESPONSES)
 

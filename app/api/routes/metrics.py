@@ -14,8 +14,8 @@ from app.api.deps import StoreDep, TenantDep
 from app.api.params import AfterStep, JobIdDep, LastEventId, PageLimit, ResumeAfterStep, whole_number
 from app.api.resources import JOB_ERROR_RESPONSES
 from app.api.sse import stream_job
-from app.core.job import MetricsBuckets, MetricsPage
 from app.store.export import csv_chunks
+from mpjobs.contract.jobs import MetricsBuckets, MetricsPage
 
 router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"], responses=JOB_ERROR_RESPONSES)
 export_router = APIRouter(prefix="/jobs/{job_id}", tags=["metrics"], responses=JOB_ERROR_RESPONSES)

@@ -15,11 +15,11 @@ from redis import Redis
 from rq import Queue, Worker
 
 from app.api.deps import MemoryDep, RQRedisDep, StoreDep
-from app.api.memory import MemoryGauge
-from app.core.job import JobState
-from app.core.records import DiagnosisCode
+from app.api.redis_memory import MemoryGauge
 from app.store import JobStore
 from app.store import queue as queues
+from mpjobs.contract.jobs import JobState
+from mpjobs.contract.records import DiagnosisCode
 
 router = APIRouter(tags=["health"])
 DIAGNOSIS_CODES: tuple[str, ...] = tuple(code.value for code in DiagnosisCode)

@@ -27,7 +27,7 @@ export function errorBanner(error) {
   return h("p", { class: "banner error", role: "alert" }, error.message || String(error));
 }
 
-// Numbers as the CLI shows them too: each fmt* below has a twin in app/core/formats.py, and
+// Numbers as the CLI shows them too: each fmt* below has a twin in mpjobs/contract/formats.py, and
 // tests/app/test_formatting.py checks that both give the same text for the same values.
 // toExponential and toFixed round the exact binary value, ties away from zero; so does the CLI.
 
@@ -88,7 +88,7 @@ export function fmtRatio(value) {
   return `${Math.abs(Number(fixed)) >= 0.1 || value === 0 ? fixed : significant(value, 2)}×`;
 }
 
-// A measured speed against float32 in words, with its interval: twin of app/core/formats.py speed_words.
+// A measured speed against float32 in words, with its interval: twin of mpjobs/contract/formats.py speed_words.
 // `slowdown` is step time over float32's; `difference` is the measurement's own call, never re-judged here.
 export function fmtSpeed(slowdown, low, high, difference) {
   if (difference === "slower") return `${fmtRatio(slowdown)} slower than float32 (${fmtRatioRange(low, high)})`;
@@ -98,7 +98,7 @@ export function fmtSpeed(slowdown, low, high, difference) {
   return `no measurable speed difference from float32 (step time ${fmtRatioRange(low, high)} float32's)`;
 }
 
-// Two ratios as a range, the sign once at the end: twin of app/core/formats.py ratio_range.
+// Two ratios as a range, the sign once at the end: twin of mpjobs/contract/formats.py ratio_range.
 export function fmtRatioRange(low, high, unit = "×") {
   return `${fmtRatio(low).slice(0, -1)}–${fmtRatio(high).slice(0, -1)}${unit}`;
 }

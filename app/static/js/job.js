@@ -35,7 +35,7 @@ function summaryList(summary) {
     rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))]));
 }
 
-// Mirrors app/cli/words.py precision_speed_words.
+// Mirrors mpjobs/cli/words.py precision_speed_words.
 export function precisionSpeedText(ps) {
   const low = ps.low ?? ps.slowdown;
   const high = ps.high ?? ps.slowdown;

@@ -1,8 +1,0 @@
-"""`python -m app.cli`: the same as the `mpjobs` console script."""
-
-import sys
-
-from app.cli import main
-
-if __name__ == "__main__":
-    sys.exit(main())

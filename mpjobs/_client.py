@@ -1,0 +1,126 @@
+"""The mpjobs API over HTTP (httpx): submit jobs and comparisons, read them back as the API's own schemas."""
+
+from __future__ import annotations
+
+import os
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from mpjobs._comparison import Comparison
+from mpjobs._exceptions import BadResponse, mapped, raise_for
+from mpjobs._job import Job
+from mpjobs._reading import read
+from mpjobs._specs import as_dict, job_spec, variant
+from mpjobs.contract.comparisons import ComparisonPage
+from mpjobs.contract.comparisons import ComparisonReport as ComparisonResource
+from mpjobs.contract.jobs import JobPage, JobState
+from mpjobs.contract.jobs import JobRecord as JobResource
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+"""Where `make run` serves the API; MPJOBS_URL overrides it."""
+DEFAULT_TIMEOUT_S = 30.0
+"""Seconds per HTTP request (a live stream is allowed longer quiet spells: mpjobs/_stream.py)."""
+
+
+class Client:
+    """The mpjobs API at `url` (default: $MPJOBS_URL, else http://127.0.0.1:8000), sending `api_key`
+    (default: $MPJOBS_API_KEY) as `Authorization: Bearer KEY`. `transport` is the test seam
+    (`httpx.MockTransport`). Close it when done, or use it as a context manager.
+
+    >>> from mpjobs import Client
+    >>> with Client("http://127.0.0.1:8000") as client:                     # doctest: +SKIP
+    ...     job = client.submit({"model": {"name": "mlp"}}, policy="mixed_float16", steps=300)
+    ...     frame = job.wait().to_pandas()
+    """
+
+    def __init__(self, url: str | None = None, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                 *, transport: httpx.BaseTransport | None = None) -> None:
+        self.url = (url or os.environ.get("MPJOBS_URL") or DEFAULT_URL).rstrip("/")
+        api_key = api_key if api_key is not None else os.environ.get("MPJOBS_API_KEY")
+        self.timeout = timeout
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+
+    def __repr__(self) -> str:
+        return f"<mpjobs.Client {self.url}>"
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One request; its JSON answer (None for a 204). An error status raises its `ApiError`, an
+        unreachable API `Unreachable` (or `Timeout`): mpjobs/_exceptions.py."""
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise mapped(exc, self.url, self.timeout) from exc
+        raise_for(response)
+        if response.status_code == 204:  # done, nothing to say: a delete
+            return None
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise BadResponse(f"{self.url}{path} did not answer JSON; is the url right?") from exc
+
+    # --- jobs -----------------------------------------------------------------
+
+    def submit(self, spec: Any, *, policy: str | None = None, loss_scale: Any = None, steps: int | None = None,
+               batch_size: int | None = None, learning_rate: float | None = None, loss: str | None = None,
+               name: str | None = None, device: str | None = None, idempotency_key: str | None = None) -> Job:
+        """Queue a job. `spec`: a JobSpec, a dict as `POST /jobs` takes it, or a keras.Model (sent as its
+        `to_json()`, its loss from `model.loss` once compiled, else `loss=`). The keywords set those fields
+        on top (`loss_scale`: "none", "fixed", "dynamic" or a dict). A retry with the same `idempotency_key`
+        returns the first job. A spec the API refuses raises `InvalidSpec`, naming each field."""
+        body = job_spec(spec, policy=policy, loss_scale=loss_scale, steps=steps, batch_size=batch_size,
+                        learning_rate=learning_rate, loss=loss, name=name, device=device)
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return Job(self, read(JobResource, self.request("POST", "/jobs", json=body, headers=headers)))
+
+    def job(self, job_id: str) -> Job:
+        return Job(self, read(JobResource, self.request("GET", f"/jobs/{job_id}")))
+
+    def jobs(self, state: JobState | str | None = None, limit: int = 50, cursor: str | None = None) -> JobPage:
+        """One page of jobs, newest first; pass `next_cursor` as `cursor` for the next."""
+        params = {k: v for k, v in (("state", state), ("limit", limit), ("cursor", cursor)) if v is not None}
+        return read(JobPage, self.request("GET", "/jobs", params=params))
+
+    def delete_job(self, job_id: str) -> None:
+        """Delete an ended job for good: its record, step records, files and queue entries."""
+        self.request("DELETE", f"/jobs/{job_id}", params={"purge": "true"})
+
+    # --- comparisons ------------------------------------------------------------
+
+    def compare(self, spec: Any, variants: list[Any] | None = None, *, name: str | None = None,
+                tolerance: float | None = None, idempotency_key: str | None = None, **overrides: Any) -> Comparison:
+        """Run `spec` (as `submit` takes it, `overrides` its keywords) once per precision variant, same seed and
+        data, and compare each with float32. `variants`: Variants, dicts or "POLICY[:MODE]" strings
+        ("mixed_float16:dynamic"); None: float32, mixed_float16 with and without loss scaling, mixed_bfloat16."""
+        body: dict[str, Any] = {"spec": job_spec(spec, **overrides) if overrides else as_dict(spec)}
+        if variants is not None:
+            body["variants"] = [variant(v) for v in variants]
+        if name is not None:
+            body["name"] = name
+        if tolerance is not None:
+            body["tolerance"] = tolerance
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        answer = self.request("POST", "/comparisons", json=body, headers=headers)
+        return Comparison(self, read(ComparisonResource, answer))
+
+    def comparison(self, comparison_id: str) -> Comparison:
+        return Comparison(self, read(ComparisonResource, self.request("GET", f"/comparisons/{comparison_id}")))
+
+    def comparisons(self, limit: int = 20, cursor: str | None = None) -> ComparisonPage:
+        params = {k: v for k, v in (("limit", limit), ("cursor", cursor)) if v is not None}
+        return read(ComparisonPage, self.request("GET", "/comparisons", params=params))
+
+    def delete_comparison(self, comparison_id: str) -> None:
+        """Delete a comparison and all its jobs for good, once every one has ended."""
+        self.request("DELETE", f"/comparisons/{comparison_id}", params={"purge": "true"})

@@ -1,0 +1,5 @@
+"""The wire contract: specs, records, states and reports, as the client, the API and the worker all read them.
+
+Pydantic models and plain functions only: importing it loads no HTTP server, no Redis client and no
+TensorFlow, so the client installs with it alone, as MLflow's server imports `mlflow.entities`.
+"""

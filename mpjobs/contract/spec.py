@@ -1,0 +1,309 @@
+"""What a job or a comparison asks for: policy, loss scaling, training, data; every field bounded.
+
+Every field is bounded, unknown fields are rejected and so are NaN and
+Infinity, so a spec that validates here can be trusted by the engine.
+
+>>> spec = JobSpec.model_validate({"model": {"name": "mlp"},
+...                                "precision_policy": "mixed_float16"})
+>>> spec.loss_scale
+DynamicLossScale(mode='dynamic', initial_scale=32768.0, growth_steps=2000)
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+from mpjobs.contract.model_specs import ModelSpec, model_tag
+from mpjobs.contract.strict import Integer, Number, Strict, Text
+
+
+class PrecisionPolicy(StrEnum):
+    FLOAT32 = "float32"
+    MIXED_FLOAT16 = "mixed_float16"
+    MIXED_BFLOAT16 = "mixed_bfloat16"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+
+    @property
+    def compute_dtype(self) -> str:
+        return self.value.removeprefix("mixed_")
+
+    @property
+    def variable_dtype(self) -> str:
+        return "float32" if self.value.startswith("mixed_") else self.value
+
+
+# --- loss scale -------------------------------------------------------------
+
+
+class LossScaleMode(StrEnum):
+    NONE = "none"
+    FIXED = "fixed"
+    DYNAMIC = "dynamic"
+
+
+class NoLossScale(Strict):
+    mode: Literal["none"] = "none"
+
+
+class FixedLossScale(Strict):
+    mode: Literal["fixed"] = "fixed"
+    scale: Number = Field(1024.0, ge=1.0, le=2.0**64)
+
+
+class DynamicLossScale(Strict):
+    mode: Literal["dynamic"] = "dynamic"
+    initial_scale: Number = Field(32768.0, ge=1.0, le=2.0**64)
+    growth_steps: Integer = Field(2000, ge=1, le=1_000_000)
+
+
+LossScale = Annotated[
+    NoLossScale | FixedLossScale | DynamicLossScale, Field(discriminator="mode")
+]
+
+
+# --- training, data, spec ---------------------------------------------------
+
+
+MAX_STEPS = 10_000_000
+"""The most steps a job trains: step numbers (a metrics page's `after`, Last-Event-ID) go up to it."""
+UNDERFLOW_CHECK_EVERY = 100
+"""The float32 check's default interval: two extra gradient computations per 100 steps."""
+MAX_DEVICES = 16
+"""The most devices one job may train on: the most GPUs one host holds (worker/engine/devices.py)."""
+
+
+class TrainingSpec(Strict):
+    steps: Integer = Field(200, ge=1, le=MAX_STEPS)
+    batch_size: Integer = Field(32, ge=1, le=65_536)
+    optimizer: Literal["adam", "adamw", "sgd", "rmsprop"] = "adam"
+    learning_rate: Number = Field(0.001, gt=0.0, le=10.0)
+    seed: Integer = Field(0, ge=0, le=2**31 - 1)
+    checkpoint_every: Integer = Field(50, ge=1, le=MAX_STEPS)
+    max_seconds: Integer | None = Field(None, ge=1, le=30 * 24 * 3600)
+    """Fail with reason `timeout` once an attempt has trained this long. None: no limit."""
+    underflow_check_every: Integer = Field(UNDERFLOW_CHECK_EVERY, ge=0, le=10_000_000)
+    """Under a float16/bfloat16 compute policy, compare the step's gradient with float32's at
+    step 1 and every multiple of this step (worker/numerics/float32_check.py). 0 turns the check off."""
+    layer_check_every: Integer | None = Field(None, ge=0, le=10_000_000)
+    """Record every layer's gradient and activation numerics (GET /jobs/{id}/layers) at step 1 and
+    every multiple of this step. None: on the float32 check's steps (`underflow_check_every`) under a
+    float16/bfloat16 compute policy, and never under float32. 0 turns the layer checks off, at no cost."""
+    devices: Integer = Field(1, ge=1, le=MAX_DEVICES)
+    """Train on this many devices of one worker with `tf.distribute.MirroredStrategy`, each replica
+    taking `batch_size / devices` rows of every step. Queued only to workers with that many devices."""
+
+    @model_validator(mode="after")
+    def _batch_splits_evenly(self) -> TrainingSpec:
+        if self.batch_size % self.devices:
+            raise ValueError(f"Expected training.batch_size to be a multiple of training.devices, so each "
+                             f"replica gets the same rows. Received: batch_size={self.batch_size}, "
+                             f"devices={self.devices}")
+        return self
+
+
+class SyntheticDataset(Strict):
+    """Inputs drawn from N(0, 1); labels from a fixed random teacher network."""
+
+    kind: Literal["synthetic"] = "synthetic"
+    samples: Integer = Field(4096, ge=1, le=10_000_000)
+    seed: Integer = Field(0, ge=0, le=2**31 - 1)
+
+
+class NpzDataset(Strict):
+    """Arrays `x` and `y` in a `.npz` file under the configured data root."""
+
+    kind: Literal["npz"] = "npz"
+    path: Text = Field(min_length=1, max_length=1024)
+
+    @field_validator("path")
+    @classmethod
+    def _relative_inside_root(cls, value: str) -> str:
+        path = PurePosixPath(value)
+        if path.is_absolute() or ".." in path.parts or "\\" in value or "\0" in value:
+            raise ValueError(
+                "dataset.path must be relative to the data root, without '..'. "
+                f"Received: path={value!r}"
+            )
+        return value
+
+
+def _dataset_tag(value: Any) -> str | None:
+    kind = value.get("kind", "synthetic") if isinstance(value, dict) else getattr(value, "kind", None)
+    return None if kind is None else str(kind)
+
+
+DatasetSpec = Annotated[
+    Annotated[SyntheticDataset, Tag("synthetic")] | Annotated[NpzDataset, Tag("npz")],
+    Discriminator(
+        _dataset_tag,
+        custom_error_type="invalid_dataset",
+        custom_error_message="dataset.kind must be one of 'synthetic', 'npz'",
+    ),
+]
+
+
+def loss_scale_from_mode(value: Any) -> Any:
+    """Accept a bare mode string ("dynamic") for a loss scale with default parameters."""
+    if isinstance(value, str):
+        if value not in {m.value for m in LossScaleMode}:
+            raise ValueError(
+                "loss_scale must be one of 'none', 'fixed', 'dynamic'. "
+                f"Received: loss_scale={value!r}"
+            )
+        return {"mode": value}
+    return value
+
+
+MAX_VARIANTS = 8
+
+
+class Variant(Strict):
+    """One arm of a comparison: the spec's precision policy and loss scaling replaced by these."""
+
+    precision_policy: PrecisionPolicy
+    loss_scale: LossScale | None = None
+    """None means the default for the policy, as in a job spec."""
+
+    @field_validator("loss_scale", mode="before")
+    @classmethod
+    def _bare_mode(cls, value: Any) -> Any:
+        return loss_scale_from_mode(value)
+
+    def resolved(self) -> Variant:
+        """With the policy's default loss scaling filled in, as the job will run."""
+        probe = JobSpec.model_validate({"model": {"name": "mlp"}, "precision_policy": self.precision_policy,
+                                        "loss_scale": self.loss_scale})
+        return Variant(precision_policy=self.precision_policy, loss_scale=probe.loss_scale)
+
+    @property
+    def label(self) -> str:
+        """"float32", "mixed_float16 + dynamic", "mixed_float16 + fixed 1024"."""
+        scale = self.loss_scale
+        if scale is None or (scale.mode == "none" and self.precision_policy.compute_dtype != "float16"):
+            return self.precision_policy.value
+        if isinstance(scale, FixedLossScale):
+            return f"{self.precision_policy.value} + fixed {scale.scale:g}"
+        return f"{self.precision_policy.value} + {scale.mode}"
+
+
+class JobSpec(Strict):
+    name: Text | None = Field(None, max_length=200)
+    model: ModelSpec
+    precision_policy: PrecisionPolicy = PrecisionPolicy.FLOAT32
+    loss_scale: LossScale | None = None
+    """None means the default: dynamic when the policy computes in float16."""
+    training: TrainingSpec = TrainingSpec()
+    dataset: DatasetSpec = SyntheticDataset()
+    device: Literal["any", "cpu", "gpu"] = "any"
+    speed_check: list[Variant] | None = Field(None, max_length=MAX_VARIANTS)
+    """What the job times against float32 after it trains, on its own device (worker/numerics/speed.py).
+    None: its own policy, on a CPU, when that computes in float16/bfloat16. A list: each of these
+    variants, on any device; a comparison's float32 baseline times them all in one measurement,
+    and its other variants get []: nothing."""
+
+    @field_validator("loss_scale", mode="before")
+    @classmethod
+    def _bare_mode(cls, value: Any) -> Any:
+        return loss_scale_from_mode(value)
+
+    @field_validator("speed_check", mode="after")
+    @classmethod
+    def _resolved_variants(cls, value: list[Variant] | None) -> list[Variant] | None:
+        return None if value is None else [v.resolved() for v in value]
+
+    @model_validator(mode="after")
+    def _default_loss_scale(self) -> JobSpec:
+        if self.loss_scale is None:
+            default: NoLossScale | DynamicLossScale = (
+                DynamicLossScale()
+                if self.precision_policy.compute_dtype == "float16"
+                else NoLossScale()
+            )
+            object.__setattr__(self, "loss_scale", default)
+        return self
+
+
+# --- precision comparisons ----------------------------------------------------
+
+DEFAULT_MATCH_TOLERANCE = 0.02
+"""A variant "matches" float32 when its final loss is within this fraction of float32's."""
+
+
+DEFAULT_VARIANTS = (
+    Variant(precision_policy=PrecisionPolicy.FLOAT32),
+    Variant(precision_policy=PrecisionPolicy.MIXED_FLOAT16, loss_scale=DynamicLossScale()),
+    Variant(precision_policy=PrecisionPolicy.MIXED_FLOAT16, loss_scale=NoLossScale()),
+    Variant(precision_policy=PrecisionPolicy.MIXED_BFLOAT16),
+)
+
+
+class ComparisonSpec(Strict):
+    """Run `spec` once per variant, same seed and data; float32 is the baseline.
+
+    The spec's own `precision_policy` and `loss_scale` are replaced by each variant's.
+    """
+
+    name: Text | None = Field(None, max_length=200)
+    spec: JobSpec
+    variants: list[Variant] | None = Field(None, min_length=2, max_length=MAX_VARIANTS, validate_default=True)
+    """None means float32, mixed_float16 + dynamic, mixed_float16 + none and mixed_bfloat16."""
+    tolerance: Number = Field(DEFAULT_MATCH_TOLERANCE, gt=0.0, le=1.0)
+    """Largest relative gap to float32's final loss that still counts as a match."""
+
+    @field_validator("variants", mode="after")
+    @classmethod
+    def _baseline_and_distinct(cls, value: list[Variant] | None) -> list[Variant]:
+        variants = [v.resolved() for v in (value or DEFAULT_VARIANTS)]
+        if not any(v.precision_policy is PrecisionPolicy.FLOAT32 for v in variants):
+            raise ValueError("variants must include a 'float32' variant: it is the baseline every other "
+                             "variant is compared with.")
+        seen: dict[str, int] = {}
+        for index, variant in enumerate(variants):
+            if variant.label in seen:
+                raise ValueError(f"variants[{index}] repeats variants[{seen[variant.label]}] "
+                                 f"({variant.label!r}); each variant must differ.")
+            seen[variant.label] = index
+        return variants
+
+    def job_specs(self) -> list[JobSpec]:
+        """One job spec per variant, named "NAME · VARIANT": the comparison's name, else the model's.
+
+        The spec's own name is not used: it names one job, often after the policy it was written
+        for ("mlp mixed_float16"), and would name a float32 job after a policy it does not run.
+        A name too long for the 200 characters of a job's is cut; the variant's label never is.
+
+        >>> spec = ComparisonSpec.model_validate({"spec": {"name": "mlp mixed_float16", "model": {"name": "mlp"}}})
+        >>> [s.name for s in spec.job_specs()][:2]
+        ['mlp · float32', 'mlp · mixed_float16 + dynamic']
+        """
+        base = self.spec.model_dump(mode="json")
+        variants = self.variants or []
+        baseline = next(v for v in variants if v.precision_policy is PrecisionPolicy.FLOAT32)
+        specs = []
+        for variant in variants:
+            label = f" · {variant.label}"  # kept whole: a long name is cut instead
+            name = f"{(self.name or model_tag(self.spec.model) or 'model')[:200 - len(label)]}{label}"
+            # One speed measurement for all: the baseline times every other variant in turns.
+            timed = [v.model_dump(mode="json") for v in variants if v is not baseline] if variant is baseline else []
+            specs.append(JobSpec.model_validate({
+                **base, "name": name, "precision_policy": variant.precision_policy.value,
+                "loss_scale": None if variant.loss_scale is None else variant.loss_scale.model_dump(mode="json"),
+                "speed_check": timed,
+            }))
+        return specs
+
+    @property
+    def baseline_index(self) -> int:
+        """The float32 variant's place: its job times the others and is the verdict's reference."""
+        return next(i for i, v in enumerate(self.variants or ()) if v.precision_policy is PrecisionPolicy.FLOAT32)

@@ -1,0 +1,94 @@
+"""RedisReporter: step records, layer checks, rollups, progress and the summary into Redis.
+
+Training never waits for Redis: while Redis is unreachable (a restart, a
+failover) records and layer checks stay pending in memory and go out with the
+next batch. A batch that was half written before the connection dropped is safe
+to resend: a step id Redis already has is refused, and counted as written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+
+import redis
+
+from app.store import JobStore
+from app.store.keys import STEP_FIELD, after, metrics_key, number_of
+from app.store.rollup import ROLLUP_STEPS, Rollup
+from mpjobs.contract.records import LayerCheck, StepRecord, Summary
+
+log = logging.getLogger("mpjobs.worker")
+
+UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
+
+
+class RedisReporter:
+    """Writes each batch of records, with the layer checks handed over before it, in one pipelined
+    round trip (XADD per step and per check)."""
+
+    def __init__(self, store: JobStore, job_id: str) -> None:
+        self.store, self.job_id = store, job_id
+        self.partial = self._resume_partial()
+        self.pending: list[StepRecord] = []
+        self.pending_rollups: list[tuple[int, Rollup]] = []
+        self.pending_layers: list[LayerCheck] = []
+        self.outage = False
+        self.counted: set[str] = set()
+        """Diagnosis codes already counted in the store's stats."""
+
+    def _resume_partial(self) -> Rollup:
+        """Rebuild the unfinished rollup from steps already stored (a resumed attempt)."""
+        partial = Rollup()
+        last = self.store.redis.xrevrange(metrics_key(self.job_id), count=1)
+        if not last:
+            return partial
+        last_step = number_of(last[0][0])
+        first = last_step - last_step % ROLLUP_STEPS
+        for _, fields in self.store.redis.xrange(metrics_key(self.job_id), min=after(first), max="+"):
+            partial.add(json.loads(fields[STEP_FIELD]))
+        return partial
+
+    def steps(self, records: Sequence[StepRecord]) -> None:
+        for record in records:
+            self.partial.add(record.model_dump())
+            if record.step % ROLLUP_STEPS == 0:
+                self.pending_rollups.append((record.step // ROLLUP_STEPS, self.partial))
+                self.partial = Rollup()
+        self.pending.extend(records)
+        try:
+            self._send()
+        except UNAVAILABLE as exc:
+            if not self.outage:
+                log.warning("redis unavailable, holding %d step records: %s", len(self.pending), exc)
+            self.outage = True
+
+    def layers(self, checks: Sequence[LayerCheck]) -> None:
+        """Held until the batch of steps that follows: they go out in its round trip."""
+        self.pending_layers.extend(checks)
+
+    def _send(self) -> None:
+        """Write every pending check, record and rollup in one round trip; raises while Redis is away."""
+        self.store.append_steps(self.job_id, self.pending, self.pending_rollups, self.pending_layers)
+        if self.outage:
+            log.warning("redis is back; wrote %d held step records and %d layer checks", len(self.pending),
+                        len(self.pending_layers))
+        self.pending, self.pending_rollups, self.pending_layers, self.outage = [], [], [], False
+
+    def summary(self, summary: Summary) -> None:
+        codes = {d.code for d in summary.diagnoses}
+        try:
+            self.store.set_fields(self.job_id, summary=summary.model_dump_json())
+            if codes - self.counted:
+                self.store.count_diagnoses(self.job_id, codes)
+                self.counted |= codes
+        except UNAVAILABLE:
+            self.outage = True  # the next summary, or the final transition, carries it
+
+    def drain(self) -> None:
+        """Write the records and checks an outage held back (or checks no batch followed); the job's
+        last steps have no next batch to ride with. Raises while Redis is still unreachable, for the
+        caller to retry."""
+        if self.pending or self.pending_rollups or self.pending_layers:
+            self._send()

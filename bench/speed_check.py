@@ -42,7 +42,7 @@ from bench.report import Row, machine, table  # noqa: E402
 from mpjobs.contract.spec import DEFAULT_VARIANTS, JobSpec, PrecisionPolicy, Variant
 from worker.engine.data import load_dataset  # noqa: E402
 from worker.engine.models import build_model  # noqa: E402
-from worker.engine.training import make_optimizer  # noqa: E402
+from worker.engine.optimizers import make_optimizer  # noqa: E402
 from worker.numerics.speed import float32_twin, measure_all, variant_spec  # noqa: E402
 
 MODELS: tuple[dict[str, object], ...] = ({"name": "mlp"}, {"name": "cnn", "image_size": 16, "filters": 8})

@@ -14,13 +14,25 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 SLOWEST_FIRST = (
-    "tests/worker/test_gpu_speedup.py", "tests/service/test_load.py", "tests/worker/test_replicas.py",
-    "tests/service/test_comparisons.py", "tests/worker/test_jax_backend.py", "tests/service/test_memory.py",
-    "tests/service/test_crash.py", "tests/worker/test_numerics_architectures.py", "tests/test_bench_engine.py",
-    "tests/service/test_fuzz.py",
-    "tests/service/test_retention.py", "tests/test_bench_smoke.py", "tests/service/test_dashboard.py",
-    "tests/test_bench_service.py", "tests/service/test_observability.py", "tests/test_bench_peers.py",
-    "tests/worker/test_speed.py", "tests/service/test_cli.py", "tests/service/test_e2e.py",
+    "tests/processes/test_bench_gpu_speedup.py",
+    "tests/processes/test_load.py",
+    "tests/processes/test_replicas.py",
+    "tests/processes/test_comparisons_http.py",
+    "tests/worker/engine/test_jax_backend.py",
+    "tests/processes/test_worker_memory.py",
+    "tests/processes/test_crash.py",
+    "tests/worker/numerics/test_numerics_architectures.py",
+    "tests/processes/test_bench_engine.py",
+    "tests/processes/test_fuzz.py",
+    "tests/processes/test_retention.py",
+    "tests/processes/test_bench_smoke.py",
+    "tests/processes/test_dashboard.py",
+    "tests/processes/test_bench_service.py",
+    "tests/processes/test_observability.py",
+    "tests/processes/test_bench_peers.py",
+    "tests/worker/numerics/test_speed.py",
+    "tests/processes/test_cli.py",
+    "tests/processes/test_e2e.py",
 )
 """Test files that take a minute or so, longest first. `make test` runs files on two processes (pytest-xdist,
 --dist loadfile), handing out files in collection order: started last, one of these would leave one

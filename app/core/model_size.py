@@ -1,7 +1,7 @@
 """How large a built-in model is, and how much memory training it takes, computed from its spec.
 
 The API never imports Keras, so the sizes of the models worker/engine/models.py builds are written out
-here layer by layer (tests/worker/test_model_size.py checks them against the built models).
+here layer by layer (tests/worker/engine/test_model_size.py checks them against the built models).
 
 What training holds at once, per device (`TrainingMemory`):
 

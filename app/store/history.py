@@ -4,7 +4,7 @@ The archive replaces the streams in one Lua script (app/store/retention.py): the
 ARCHIVED_FIELD as the streams go. So each read asks Redis first and the record after: if the record
 does not say "archived" yet, the streams were still whole when they were read; if it does, the
 answer comes from the files, whatever the streams said. A page, a view or a layer check reads the
-same either way (tests/app/test_archive.py).
+same either way (tests/app/store/test_archive.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A step record is stored as `StepRecord.model_dump_json()` (app/store/keys.py), in the Redis stream and,
 once archived, in the archive's `record` column. A page is those strings joined inside the envelope
 `MetricsPage` would serialise to: the same bytes as validating every record and dumping the page, at a
-fraction of the cost (tests/app/test_pages.py holds the two paths to the same bytes).
+fraction of the cost (tests/app/store/test_pages.py holds the two paths to the same bytes).
 """
 
 from __future__ import annotations

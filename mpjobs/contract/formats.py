@@ -2,7 +2,7 @@
 
 Both sides round the exact binary value, ties away from zero, as JavaScript's `toPrecision` and
 `toFixed` do, so the same number reads the same in a terminal and in a browser.
-tests/app/test_formatting.py runs both on one table of values.
+tests/mpjobs/contract/test_formats.py runs both on one table of values.
 """
 
 from __future__ import annotations

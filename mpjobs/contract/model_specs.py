@@ -45,7 +45,7 @@ KERAS_MODULES = frozenset({
 })
 """Every `module` Keras 3.15 writes in model.to_json(), found by serializing its layers, initializers,
 regularizers, constraints, activations, dtype policies, optimizers, losses, metrics, ops and applications
-(tests/app/test_schemas.py::test_every_module_keras_writes_is_allowed_and_each_allowed_one_is_written).
+(tests/mpjobs/contract/test_schemas.py::test_every_module_keras_writes_is_allowed_and_each_allowed_one_is_written).
 The API never imports Keras, so the list is kept here. A config naming another module is refused."""
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from app.core.config import Settings, get_settings
 from app.core.errors import Diverged, DomainError, InvalidModel, JobFailed, TimedOut
 from mpjobs.contract.records import Summary
-from mpjobs.contract.spec import DynamicLossScale, FixedLossScale, JobSpec, LossScaleMode, PrecisionPolicy
+from mpjobs.contract.spec import JobSpec, LossScaleMode, PrecisionPolicy
 from worker.callbacks.checkpointer import Checkpointer
 from worker.callbacks.divergence import DivergenceGuard
 from worker.callbacks.recorder import StepRecorder
@@ -34,22 +34,15 @@ from worker.engine.devices import DeviceInfo, detect_device, distribution, slow_
 from worker.engine.failures import named_failure
 from worker.engine.memory import check_fits, release
 from worker.engine.models import BuiltModel, all_layers, build_model
+from worker.engine.optimizers import make_optimizer
 from worker.engine.stopping import TimeLimit, phase, set_phase
 from worker.numerics.float32_check import Float32Check
 from worker.numerics.speed import check_after_run
 from worker.numerics.summary import RunContext, SummaryBuilder
 from worker.telemetry.batch_loss import BatchLoss, StepTelemetry, compiled_loss
-from worker.telemetry.optimizer import TelemetryOptimizer
 from worker.telemetry.reporters import ListReporter, Reporter
 
 log = logging.getLogger(__name__)
-
-_OPTIMIZERS = {
-    "adam": keras.optimizers.Adam,
-    "adamw": keras.optimizers.AdamW,
-    "sgd": keras.optimizers.SGD,
-    "rmsprop": keras.optimizers.RMSprop,
-}
 
 __all__ = ["ListReporter", "RunResult", "Training", "release_memory", "run_job", "spec_fingerprint"]
 
@@ -73,16 +66,6 @@ def spec_fingerprint(spec: JobSpec) -> str:
     """What a checkpoint must match to be resumed (the step count may grow)."""
     data = spec.model_dump(mode="json", exclude={"name": True, "training": {"steps"}})
     return hashlib.sha256(repr(sorted(data.items())).encode()).hexdigest()[:16]
-
-
-def make_optimizer(spec: JobSpec) -> TelemetryOptimizer:
-    t, ls = spec.training, spec.loss_scale
-    inner = _OPTIMIZERS[t.optimizer](learning_rate=t.learning_rate)
-    if isinstance(ls, FixedLossScale):
-        return TelemetryOptimizer(inner, mode="fixed", initial_scale=ls.scale)
-    if isinstance(ls, DynamicLossScale):
-        return TelemetryOptimizer(inner, mode="dynamic", initial_scale=ls.initial_scale, growth_steps=ls.growth_steps)
-    return TelemetryOptimizer(inner, mode="none")
 
 
 def _token_ids(model: keras.Model, spec: JobSpec) -> range | None:

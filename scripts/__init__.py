@@ -1,0 +1,1 @@
+"""Starting the stack: run-stack.sh for people (`make run`), stack.py for the tests and benchmarks."""

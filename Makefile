@@ -6,7 +6,7 @@ EXTRAS ?= api,worker,dev,bench
 comma := ,
 INSTALLED := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install run test lint bench bench-tools train-example clean redis-server chromium
+.PHONY: install run test test-fast lint docs bench bench-tools train-example clean redis-server chromium
 
 $(INSTALLED): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,8 +34,16 @@ chromium:
 test: install redis-server chromium bench-tools lint
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
+# The fast loop: what needs no process but a redis-server, and trains for seconds at most (under two minutes here).
+test-fast: install redis-server
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not processes"
+
+# The module tree in docs/architecture.md, from each module's first docstring line (tests/test_docs.py checks it).
+docs: install
+	$(PY) -m scripts.module_tree --write
+
 lint: install
-	$(VENV)/bin/ruff check app worker tests bench mpjobs
+	$(VENV)/bin/ruff check app worker tests bench mpjobs scripts
 	$(VENV)/bin/mypy
 
 # Load generators for the benchmarks: wrk, and redis-benchmark (Debian's redis-tools).

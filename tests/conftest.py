@@ -43,6 +43,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The slowest files first, the rest in their usual order (a stable sort, the same in every process)."""
     rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
     root = config.rootpath
+    for item in items:
+        if item.path.is_relative_to(root / "tests" / "processes"):
+            item.add_marker(pytest.mark.processes)
     items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
 
 

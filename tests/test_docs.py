@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 
+from scripts import module_tree
 from scripts.stack import ROOT
 
 RELIABILITY = ROOT / "docs" / "reliability.md"
@@ -43,3 +44,11 @@ def test_every_promise_names_a_test_and_every_named_test_exists() -> None:
         everything = set().union(*(functions[f] for f, _ in files))
         for function in bare:
             assert function in everything, f"{promise!r} names {function}, not in {sorted({f for f, _ in files})}"
+
+
+def test_the_module_tree_in_architecture_md_is_current() -> None:
+    """docs/architecture.md's module tree is what scripts/module_tree.py makes of the modules' first docstring
+    lines today: a module added, moved or described anew without `make docs` fails here."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    assert module_tree.written(doc) == module_tree.tree(), "the module tree is stale: run `make docs`"
+

@@ -11,7 +11,7 @@ a Keras model passed to `submit` is sent as its `to_json()`. pandas is needed on
 
 from __future__ import annotations
 
-from mpjobs._client import Client
+from mpjobs._client import DEFAULT_TIMEOUT_S, DEFAULT_URL, Client
 from mpjobs._comparison import Comparison
 from mpjobs._exceptions import (
     ApiError,
@@ -29,7 +29,8 @@ from mpjobs._exceptions import (
     WaitTimeout,
 )
 from mpjobs._job import Job
+from mpjobs._reading import member
 
-__all__ = ["ApiError", "BadResponse", "Client", "ClientError", "Comparison", "Conflict", "InvalidSpec", "Job",
-           "MpjobsError", "NotFound", "ServerError", "Timeout", "Unauthorized", "Unavailable", "Unreachable",
-           "WaitTimeout"]
+__all__ = ["DEFAULT_TIMEOUT_S", "DEFAULT_URL", "ApiError", "BadResponse", "Client", "ClientError", "Comparison",
+           "Conflict", "InvalidSpec", "Job", "MpjobsError", "NotFound", "ServerError", "Timeout", "Unauthorized",
+           "Unavailable", "Unreachable", "WaitTimeout", "member"]

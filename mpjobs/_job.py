@@ -83,10 +83,14 @@ class Job:
             self.refresh()
         return self
 
-    def wait(self, progress: bool = True, timeout: float | None = None) -> Job:
+    def wait(self, progress: bool = True, timeout: float | None = None, *, interval: float = 5.0) -> Job:
         """Block until the job has ended, then return it, read again. `progress`: a bar on a terminal, an
-        updating output in Jupyter, plain lines in a log. `timeout` (seconds): raise `WaitTimeout` after it
-        (the job goes on)."""
+        updating output in Jupyter, plain lines in a log, one every `interval` seconds (0: every step).
+        `timeout` (seconds): raise `WaitTimeout` after it (the job goes on). In a log, a line a minute:
+
+        >>> job.wait(interval=60)   # doctest: +SKIP
+        <Job 3f2a... succeeded 300/300>
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         if self.refresh().done:
             return self
@@ -97,8 +101,8 @@ class Job:
                 time.sleep(POLL_INTERVAL_S)
             return self
         view = progress_view(self.resource.progress.total_steps,
-                             phase_of=lambda: self.client.job(self.id).resource.phase)
-        try:
+                             phase_of=lambda: self.client.job(self.id).resource.phase, interval=interval)
+        try:  # from the step before the last one stored: the bar starts with a rate to show
             for event in follow(self.client.http, self.id, max(0, self.resource.progress.step - 1), deadline):
                 if event.kind == "metrics":
                     view.step(event.json())

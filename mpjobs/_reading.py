@@ -98,8 +98,10 @@ E = TypeVar("E", bound=Enum)
 
 def member(cls: type[E], value: str) -> E:
     """`value` as a member of the string enum `cls`, or as a pseudo-member if `cls` does not list it (a newer
-    server's job state, say: not terminal, and no member the enum lists). For what reads a raw answer (the CLI).
+    server's job state, say: not terminal, and no member the enum lists), as the client reads its answers. For a
+    value read raw: from a `model_dump()`, or the API's JSON by other means.
 
+    >>> from mpjobs import member
     >>> from mpjobs.contract.jobs import JobState
     >>> member(JobState, "failed") is JobState.FAILED, member(JobState, "paused").terminal
     (True, False)

@@ -8,15 +8,13 @@ import csv
 import itertools
 import json
 import sys
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO, TypeVar
 
 from mpjobs import Client
-from mpjobs._reading import member
 from mpjobs.cli.exit_codes import CliError, Exit, exit_for
 from mpjobs.cli.spec_flags import build_spec, file_spec
-from mpjobs.cli.watch import POLL_INTERVAL_S, watch, watch_comparison
+from mpjobs.cli.watch import watch, watch_comparison
 from mpjobs.cli.words import comparison_report, layers_report, spec_words, summary_lines, table
 from mpjobs.contract.jobs import JobState, MetricsPage
 from mpjobs.contract.records import LayerNumerics
@@ -173,25 +171,22 @@ def cmd_layers(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
-    handle = client.job(args.job_id)
-    if not handle.done:  # an ended job's DELETE is a 409: nothing to cancel
-        handle.cancel()
-    job: dict[str, Any] = handle.resource.model_dump(mode="json")
-    state = member(JobState, job["state"])
+    job = client.job(args.job_id)
+    if not job.done:  # an ended job's DELETE is a 409: nothing to cancel
+        job.cancel()
+    state = job.state  # a state this client does not know is shown as sent, and is no end
     if state is JobState.RUNNING:
-        print(f"{job['id']}: running; cancel requested, it stops after its current step")
+        print(f"{job.id}: running; cancel requested, it stops after its current step")
     elif state is JobState.CANCELED:
-        print(f"{job['id']}: canceled")
+        print(f"{job.id}: canceled")
     else:
-        print(f"{job['id']}: {state.value}" + ("; nothing to cancel" if state.terminal else ""))
+        print(f"{job.id}: {state.value}" + ("; nothing to cancel" if state.terminal else ""))
     if not args.wait:
         return Exit.OK
-    while not member(JobState, job["state"]).terminal:
-        time.sleep(POLL_INTERVAL_S)
-        job = handle.refresh().resource.model_dump(mode="json")
-    if state is not member(JobState, job["state"]):
-        print(f"{job['id']}: {job['state']}")
-    return exit_for(job["state"])
+    job.wait(progress=False)
+    if job.state != state:
+        print(f"{job.id}: {job.state.value}")
+    return exit_for(job.state)
 
 
 def cmd_delete(client: Client, args: argparse.Namespace) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from enum import IntEnum
 
 import mpjobs
-from mpjobs._reading import member
 from mpjobs.contract.jobs import JobState
 
 
@@ -32,7 +31,7 @@ class CliError(Exception):
 
 
 def exit_for(state: str) -> Exit:
-    return STATE_EXIT.get(member(JobState, state), Exit.OK)
+    return STATE_EXIT.get(mpjobs.member(JobState, state), Exit.OK)
 
 
 def cli_error(exc: mpjobs.MpjobsError) -> CliError:

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from mpjobs._client import DEFAULT_TIMEOUT_S, DEFAULT_URL
+from mpjobs import DEFAULT_TIMEOUT_S, DEFAULT_URL
 from mpjobs.cli.commands import (
     cmd_cancel,
     cmd_compare,

@@ -1,4 +1,4 @@
-"""Following jobs live: the client's resumable stream drawn by its progress view, and comparison polling."""
+"""Following a job live (the client's `Job.wait`, its progress on stderr) and a comparison, by polling."""
 
 from __future__ import annotations
 
@@ -7,39 +7,27 @@ import time
 from typing import Any
 
 from mpjobs import Client
-from mpjobs._progress import ProgressView
-from mpjobs._stream import follow
 from mpjobs.cli.exit_codes import CliError, Exit, exit_for
 from mpjobs.cli.words import summary_lines
 
-__all__ = ["POLL_INTERVAL_S", "ProgressView", "watch", "watch_comparison"]
+__all__ = ["POLL_INTERVAL_S", "watch", "watch_comparison"]
 
 POLL_INTERVAL_S = 1.0
-"""How often `compare --watch` and `cancel --wait` read the state."""
+"""How often `compare --watch` reads the comparison."""
 
 
 def watch(client: Client, job_id: str, interval: float) -> int:
-    job = client.job(job_id).resource
-    view = ProgressView(sys.stderr, job.progress.total_steps, interval,
-                        phase_of=lambda: client.job(job_id).resource.phase)
-    if job.waiting_reason:
-        print(f"waiting: {job.waiting_reason}", file=sys.stderr)
+    """Follow the job to its end with `Job.wait` (a bar on a terminal, else a line every `interval` s, on
+    stderr), then print how it ended on stdout; the exit code is its end state's."""
+    job = client.job(job_id)
+    if job.resource.waiting_reason:
+        print(f"waiting: {job.resource.waiting_reason}", file=sys.stderr)
     try:
-        if not job.state.terminal:
-            # From the step before the last one stored: the bar starts with a rate to show.
-            for event in follow(client.http, job_id, max(0, job.progress.step - 1)):
-                if event.kind == "metrics":
-                    view.step(event.json())
-                elif event.kind == "state":
-                    payload = event.json()
-                    view.state(payload["state"], payload.get("message", ""))
-            job = client.job(job_id).resource
+        job.wait(interval=interval)
     except KeyboardInterrupt:
         raise CliError(Exit.INTERRUPTED, f"stopped watching; job {job_id} keeps running. "
                                          f"Cancel it with: mpjobs cancel {job_id}") from None
-    finally:
-        view.close()
-    print("\n".join(summary_lines(job.model_dump(mode="json"))))
+    print("\n".join(summary_lines(job.resource.model_dump(mode="json"))))
     return exit_for(job.state)
 
 

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from mpjobs._reading import member
+from mpjobs import member
 from mpjobs.contract.formats import num, number, percent, rate, ratio, ratio_range, scale_num, speed_words
 from mpjobs.contract.jobs import JobState
 

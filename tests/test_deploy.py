@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from scripts.stack import ROOT
 
 
 def compose() -> dict[str, Any]:
@@ -95,8 +95,10 @@ def test_env_example_lists_every_setting() -> None:
     assert all(f"${{{name}:-" in script for name in run_stack)
 
 
-def test_the_package_builds_quietly_with_every_dashboard_file(tmp_path: Path) -> None:
-    """`pip install -e .` printed setuptools' "Package would be ignored" for the dashboard's folders."""
+def test_the_wheel_is_the_client_alone_and_builds_quietly(tmp_path: Path) -> None:
+    """`pip install .` installs `mpjobs` (the client, its command and the wire contract) and nothing else: no
+    `app`, `worker`, `tests`, `bench` or `scripts` package lands in a user's site-packages, and setuptools
+    prints no "Package would be ignored"."""
     import subprocess
     import sys
     import zipfile
@@ -107,6 +109,7 @@ def test_the_package_builds_quietly_with_every_dashboard_file(tmp_path: Path) ->
     assert "would be ignored" not in built.stdout + built.stderr
     [wheel] = tmp_path.glob("mpjobs-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    static = ROOT / "app" / "static"
-    wanted = {str(p.relative_to(ROOT)) for p in static.rglob("*") if p.is_file()}
-    assert wanted and wanted <= names
+    tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert tops == {"mpjobs"}, f"the wheel installs {sorted(tops)}"
+    wanted = {p.relative_to(ROOT).as_posix() for p in (ROOT / "mpjobs").rglob("*.py")}
+    assert wanted <= names, f"missing from the wheel: {sorted(wanted - names)}"

@@ -10,7 +10,6 @@ import argparse
 import copy
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,9 +26,9 @@ from mpjobs.contract.jobs import JobRecord as JobResource
 from mpjobs.contract.jobs import JobState, MetricsPage
 from mpjobs.contract.records import Diagnosis, DiagnosisCode, StepRecord
 from mpjobs.contract.spec import ComparisonSpec, JobSpec
+from scripts.stack import ROOT
 
 NEW = "added_by_a_newer_server"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def record(step: int) -> dict[str, Any]:

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from scripts.stack import ROOT
+
 ABSENT = ("tensorflow", "redis", "rq", "fastapi", "tensorboard")
 
 # Makes ABSENT unimportable, as on the GPU host: an import that needs one fails

@@ -6,12 +6,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from scripts.stack import ROOT
+
+REPO = ROOT
 COMPARED = ("loss", "grad_norm", "zero_grad_fraction")
 EXACT = ("step", "loss_scale", "grads_finite", "skipped")
 

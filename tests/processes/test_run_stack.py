@@ -15,9 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from scripts.stack import ROOT
 from tests.processes.conftest import RedisServer, free_port, wait_until
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextmanager

@@ -15,9 +15,8 @@ import pytest
 from app.core.config import Settings
 from app.core.errors import JobFailed
 from mpjobs.contract.jobs import FailureReason
+from scripts.stack import ROOT
 from tests.worker.conftest import Train, spec_of
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def small_regressor() -> str:

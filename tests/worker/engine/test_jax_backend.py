@@ -6,15 +6,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from app.core.config import Settings
+from scripts.stack import ROOT
 from tests.worker.conftest import Train
 from tests.worker.numerics.test_numerics import partial_underflow_case, regularized_case
-
-ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import json, sys, tempfile

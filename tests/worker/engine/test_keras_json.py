@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import keras
@@ -20,11 +19,11 @@ from keras import layers
 
 from app.core.config import Settings
 from mpjobs.contract.spec import PrecisionPolicy
+from scripts.stack import ROOT
 from tests.worker.conftest import Train, initial_weights, spec_of
 from worker.engine.data import synthetic
 from worker.engine.models import build_model
 
-ROOT = Path(__file__).resolve().parents[3]
 POLICIES = [p.value for p in PrecisionPolicy]
 HALF_POLICIES = [p for p in POLICIES if p != "float32"]
 COMPUTE = {p.value: p.compute_dtype for p in PrecisionPolicy}

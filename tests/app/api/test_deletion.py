@@ -11,7 +11,8 @@ import pytest
 import redis
 from redis import Redis
 
-from app.api import purge, services
+from app.api import deletion as purge
+from app.api import services
 from app.core.config import Settings
 from app.core.errors import ComparisonNotEnded, JobInComparison, JobNotEnded, JobNotFound, JobStillHeld
 from app.store import JobStore

@@ -32,7 +32,7 @@ CACHED_JOBS = 1024
 
 
 class JobViews:
-    """The JSON of `GET /jobs/{id}`, read with `aredis` and built as `store.get` builds a job."""
+    """The JSON of `GET /jobs/{id}`, read with `aredis` and built as `store.jobs.get` builds a job."""
 
     def __init__(self, aredis: Redis, store: JobStore, workers: LiveWorkers, size: int = CACHED_JOBS) -> None:
         self.aredis, self.store, self.workers, self.size = aredis, store, workers, size
@@ -52,7 +52,7 @@ class JobViews:
         if held is not None and held[0] == version:
             self._held.move_to_end(job_id)
             return held[1]
-        job = self.store.job_from(raw, [(event_id, dict(zip(fields[::2], fields[1::2], strict=True)))
+        job = self.store.jobs.job_from(raw, [(event_id, dict(zip(fields[::2], fields[1::2], strict=True)))
                                         for event_id, fields in events])
         if unserved:
             job = job.model_copy(update={"waiting_reason": waiting_reason(job.queue)})

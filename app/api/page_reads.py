@@ -47,7 +47,7 @@ class PageReads:
             raise JobNotFound(job_id)
         if archived is not None:  # the files answer: read in a thread, as every archived read is
             info = ArchiveInfo.model_validate_json(archived)
-            page = await run_in_threadpool(self.store.archived_page, job_id, info, after_step, limit)
+            page = await run_in_threadpool(self.store.history.archived_page, job_id, info, after_step, limit)
         else:
             page = stream_page(after_step, entries, limit)
         steps_done = json.loads(summary)["steps_done"] if summary and JobState(state).terminal else None

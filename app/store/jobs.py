@@ -11,7 +11,8 @@ from redis.client import Pipeline
 
 from app.core import clock
 from app.core.notes import spec_notes
-from app.store.idempotency import Idempotency, IdempotencyKey
+from app.store.base import RedisBacked
+from app.store.idempotency import IdempotencyKey, write_once
 from app.store.keys import ENDED, JOB_INDEX_PREFIX, RUNNING, SEQ, TENANTS, events_key, index_key, job_key
 from mpjobs.contract.jobs import JobError, JobRecord, JobState, Progress, Transition, WorkerInfo
 from mpjobs.contract.records import Summary
@@ -42,7 +43,7 @@ return {'ok', cur}
 """
 
 
-class JobRecords(Idempotency):
+class JobRecords(RedisBacked):
     """The `job:{id}` hash, its `events` stream and the tenant indexes."""
 
     SCRIPTS = {"transition": TRANSITION}
@@ -56,13 +57,14 @@ class JobRecords(Idempotency):
         def write(pipe: Pipeline) -> str:
             job_id = uuid.uuid4().hex
             enqueue(job_id, pipe)
-            self._write_job(pipe, job_id, spec, tenant, queue)
+            self.write_new(pipe, job_id, spec, tenant, queue)
             return job_id
 
-        return self.write_once(pipe, once, self.exists, write)
+        return write_once(pipe, once, self.exists, write)
 
-    def _write_job(self, pipe: Pipeline, job_id: str, spec: JobSpec, tenant: str, queue: str,
-                   comparison_id: str | None = None) -> None:
+    def write_new(self, pipe: Pipeline, job_id: str, spec: JobSpec, tenant: str, queue: str,
+                  comparison_id: str | None = None) -> None:
+        """Queue the new record's writes on `pipe`, inside a MULTI (`create`, and each of a comparison's jobs)."""
         seq = int(self.redis.incr(SEQ))
         at = clock.iso()
         record: dict[str, Any] = {

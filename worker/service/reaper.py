@@ -53,8 +53,8 @@ class Reaper:
                 log.warning("%s pass failed", what, exc_info=True)
 
     def reap_once(self) -> list[str]:
-        for job_id in self.store.running_ids():
-            outcome = self.store.reap(job_id, self.settings.max_attempts)
+        for job_id in self.store.leases.running_ids():
+            outcome = self.store.leases.reap(job_id, self.settings.max_attempts)
             if outcome == "queued":
                 self._unqueued.add(job_id)
             if outcome != "alive":
@@ -71,7 +71,7 @@ class Reaper:
         return requeued
 
     def _requeue(self, job_id: str) -> None:
-        job = self.store.get(job_id)
+        job = self.store.jobs.get(job_id)
         if job is None:
             return
         rq_job_id = f"{job_id}-a{job.attempt + 1}"

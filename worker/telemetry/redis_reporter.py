@@ -70,7 +70,7 @@ class RedisReporter:
 
     def _send(self) -> None:
         """Write every pending check, record and rollup in one round trip; raises while Redis is away."""
-        self.store.append_steps(self.job_id, self.pending, self.pending_rollups, self.pending_layers)
+        self.store.streams.append_steps(self.job_id, self.pending, self.pending_rollups, self.pending_layers)
         if self.outage:
             log.warning("redis is back; wrote %d held step records and %d layer checks", len(self.pending),
                         len(self.pending_layers))
@@ -79,9 +79,9 @@ class RedisReporter:
     def summary(self, summary: Summary) -> None:
         codes = {d.code for d in summary.diagnoses}
         try:
-            self.store.set_fields(self.job_id, summary=summary.model_dump_json())
+            self.store.jobs.set_fields(self.job_id, summary=summary.model_dump_json())
             if codes - self.counted:
-                self.store.count_diagnoses(self.job_id, codes)
+                self.store.counters.count_diagnoses(self.job_id, codes)
                 self.counted |= codes
         except UNAVAILABLE:
             self.outage = True  # the next summary, or the final transition, carries it

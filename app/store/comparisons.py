@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -13,6 +12,7 @@ from redis.client import Pipeline
 from app.core import clock
 from app.store.base import RedisBacked
 from app.store.idempotency import IdempotencyKey, write_once
+from app.store.ids import new_record_id
 from app.store.jobs import JobRecords
 from app.store.keys import SEQ, comparison_index_key, comparison_key
 from mpjobs.contract.spec import ComparisonSpec, JobSpec
@@ -47,8 +47,8 @@ class Comparisons(RedisBacked):
         Idempotency-Key goes in the same MULTI/EXEC, or the comparison it already names is returned.
         Returns (comparison id, created)."""
         def write(pipe: Pipeline) -> str:
-            comparison_id = uuid.uuid4().hex
-            job_ids = [uuid.uuid4().hex for _ in jobs]
+            comparison_id = new_record_id()
+            job_ids = [new_record_id() for _ in jobs]
             for job_id, (job_spec, queue) in zip(job_ids, jobs, strict=True):
                 enqueue(job_id, job_spec, pipe)
                 self.jobs.write_new(pipe, job_id, job_spec, tenant, queue, comparison_id)

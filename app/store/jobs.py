@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -13,6 +12,7 @@ from app.core import clock
 from app.core.notes import spec_notes
 from app.store.base import RedisBacked
 from app.store.idempotency import IdempotencyKey, write_once
+from app.store.ids import new_record_id
 from app.store.keys import ENDED, JOB_INDEX_PREFIX, RUNNING, SEQ, TENANTS, events_key, index_key, job_key
 from mpjobs.contract.jobs import JobError, JobRecord, JobState, Progress, Transition, WorkerInfo
 from mpjobs.contract.records import Summary
@@ -55,7 +55,7 @@ class JobRecords(RedisBacked):
         Returns (job id, created).
         """
         def write(pipe: Pipeline) -> str:
-            job_id = uuid.uuid4().hex
+            job_id = new_record_id()
             enqueue(job_id, pipe)
             self.write_new(pipe, job_id, spec, tenant, queue)
             return job_id

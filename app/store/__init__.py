@@ -3,6 +3,7 @@
 Keys and stream entries are spelled in `keys.py` only. Connections are passed in;
 the store owns none. It imports neither FastAPI nor TensorFlow. An ended job's
 history may live in its archive under ARTIFACTS_DIR instead (`archive.py`).
+The API's reads on `redis.asyncio` are in `async_reads.py`, on a connection of their own.
 """
 
 from __future__ import annotations

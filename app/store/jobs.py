@@ -1,4 +1,4 @@
-"""Job records: create (with the enqueue, in one MULTI/EXEC), read, list, and move between states atomically."""
+"""Job records: create (with the enqueue, in one MULTI/EXEC), read, list, move between states atomically, requeue."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from app.store.base import RedisBacked
 from app.store.idempotency import IdempotencyKey, write_once
 from app.store.ids import new_record_id
 from app.store.keys import ENDED, JOB_INDEX_PREFIX, RUNNING, SEQ, TENANTS, events_key, index_key, job_key
+from app.store.queue import retry_id
 from mpjobs.contract.jobs import JobError, JobRecord, JobState, Progress, Transition, WorkerInfo
 from mpjobs.contract.records import Summary
 from mpjobs.contract.spec import JobSpec
@@ -165,3 +166,13 @@ class JobRecords(RedisBacked):
 
     def rq_job_id(self, job_id: str) -> str:
         return str(self.redis.hget(job_key(job_id), "rq_job") or job_id)
+
+    def requeue(self, job_id: str, attempt: int, enqueue: Callable[[str, Pipeline], None], pipe: Pipeline) -> str:
+        """Enqueue attempt `attempt` of the job as an RQ job of its own (`retry_id`) and name it on the record, in
+        one MULTI/EXEC on `pipe`: both or neither. `enqueue(rq_job_id, pipe)` queues the task. Returns that id."""
+        rq_job_id = retry_id(job_id, attempt)
+        with pipe:
+            enqueue(rq_job_id, pipe)
+            pipe.hset(job_key(job_id), "rq_job", rq_job_id)
+            pipe.execute()
+        return rq_job_id

@@ -104,6 +104,17 @@ class MetricStreams(RedisBacked):
         self._hset_existing(job_key(job_id), {"step": keep_step})
         return removed
 
+    def unrolled_steps(self, job_id: str) -> list[dict[str, Any]]:
+        """The stored steps after the last whole rollup (every ROLLUP_STEPS steps), parsed: what a resumed
+        attempt's unfinished rollup holds."""
+        last = self.redis.xrevrange(metrics_key(job_id), count=1)
+        if not last:
+            return []
+        last_step = number_of(last[0][0])
+        first = last_step - last_step % ROLLUP_STEPS
+        return [json.loads(fields[STEP_FIELD])
+                for _, fields in self.redis.xrange(metrics_key(job_id), min=after(first), max="+")]
+
     def latest_records(self, job_ids: Sequence[str]) -> dict[str, StepRecord]:
         """Each job's newest step record, for those that have one."""
         with self.redis.pipeline(transaction=False) as pipe:

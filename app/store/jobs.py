@@ -103,15 +103,6 @@ class JobRecords(RedisBacked):
             return None
         return self.job_from(raw, events)
 
-    def ended_steps(self, job_id: str, tenant: str) -> tuple[bool, int | None]:
-        """(exists, steps done): whether the tenant's job exists, and once it has ended with a summary,
-        how many steps it trained. One HMGET: what a metrics page needs, without building the job."""
-        state, owner, summary = self.redis.hmget(job_key(job_id), ["state", "tenant", "summary"])
-        if state is None or owner != tenant:
-            return False, None
-        ended = JobState(state).terminal and summary is not None
-        return True, int(json.loads(summary)["steps_done"]) if ended else None
-
     def job_from(self, raw: dict[str, str], events: list[tuple[str, dict[str, str]]]) -> JobRecord:
         """The job from its record (HGETALL) and its transitions (XRANGE of its events)."""
         spec = JobSpec.model_validate_json(raw["spec"])

@@ -127,11 +127,11 @@ def create_job(client: httpx.Client, steps: int) -> str:
 def running_job(client: httpx.Client, store: JobStore, rq_redis: redis.Redis, steps: int) -> str:
     """A job `running` with `steps` steps written, its RQ entry gone: as a worker has it mid-run."""
     job_id = create_job(client, steps)
-    queued = store.get(job_id)
+    queued = store.jobs.get(job_id)
     assert queued is not None
     Queue(queued.queue, connection=rq_redis).remove(job_id)
     worker = WorkerInfo(host="bench", pid=1, device={"kind": "cpu", "name": "bench"})
-    store.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "running on bench",
+    store.jobs.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "running on bench",
                      started_at=clock.iso(), attempt=1,
                      worker=worker.model_dump_json())
     write_steps(store, job_id, steps)
@@ -144,7 +144,7 @@ def finished_job(client: httpx.Client, store: JobStore, rq_redis: redis.Redis, s
     summary = Summary(steps_done=steps, final_loss=0.08, skipped_steps=steps // 2000, loss_scale_min=16384.0,
                       loss_scale_max=32768.0, loss_scale_final=32768.0, peak_zero_grad_fraction=0.002,
                       mean_examples_per_sec=5000.0)
-    moved, _ = store.transition(job_id, JobState.SUCCEEDED, [JobState.RUNNING], "finished",
+    moved, _ = store.jobs.transition(job_id, JobState.SUCCEEDED, [JobState.RUNNING], "finished",
                                 summary=summary.model_dump_json())
     assert moved
     return job_id

@@ -51,9 +51,9 @@ def page(request: Request, job_id: str, after: int = 0, limit: int = 1000) -> Me
     """A metrics page as the API served it before pages were assembled from the stored records: the job
     read and built, each record parsed and validated, the page dumped by the response model, in a thread."""
     store: JobStore = request.app.state.store
-    if store.get(job_id) is None:
+    if store.jobs.get(job_id) is None:
         raise HTTPException(404, f"No job with id {job_id!r}.")
-    return store.read_metrics(job_id, after, limit)
+    return store.history.read_metrics(job_id, after, limit)
 
 
 @app.get("/aget")

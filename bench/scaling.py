@@ -123,7 +123,7 @@ def run_batch(stack: Stack, jobs: int) -> float:
             ids.append(response.json()["id"])
         deadline = time.monotonic() + JOB_TIMEOUT_S
         while True:
-            found = store.get_many(ids)
+            found = store.jobs.get_many(ids)
             if all(job is not None and job.state.terminal for job in found):
                 break
             if time.monotonic() > deadline:

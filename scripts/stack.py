@@ -20,7 +20,8 @@ from typing import Any
 import httpx
 import redis
 
-from app.store.keys import job_key
+from app.store import JobStore
+from mpjobs.contract.jobs import JobState
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -208,7 +209,7 @@ def freeze_mid_run(stack: Stack, client: httpx.Client, spec: dict[str, Any], pas
     worker, stop Redis under it) then lands mid-run, however fast the machine: a job that ended before
     the freeze is submitted again with four times the steps. Returns (job id, the frozen worker's
     pid, the spec it runs); the caller sends SIGCONT or SIGKILL to the pid's process group."""
-    spec, r = copy.deepcopy(spec), stack.redis.client()
+    spec, store = copy.deepcopy(spec), JobStore(stack.redis.client())
     for _ in range(3):
         job_id = client.post("/jobs", json=spec).json()["id"]
 
@@ -217,15 +218,15 @@ def freeze_mid_run(stack: Stack, client: httpx.Client, spec: dict[str, Any], pas
             return None if worker is None else int(worker["pid"])
 
         def passed(job_id: str = job_id) -> bool:
-            state, step = r.hmget(job_key(job_id), "state", "step")
-            return state != "running" or int(str(step)) > past_step
+            attempt = store.cancels.attempt(job_id)
+            return attempt.state is not JobState.RUNNING or attempt.step > past_step
 
         pid = wait_until(started, 120, f"job {job_id} to start")
         wait_until(passed, 120, f"job {job_id} past step {past_step}", interval=0.001)
         os.killpg(pid, signal.SIGSTOP)
         wait_until(functools.partial(stopped, pid), 10, f"worker {pid} to stop", interval=0.001)
-        state, step = r.hmget(job_key(job_id), "state", "step")
-        if state == "running" and int(str(step)) < spec["training"]["steps"]:
+        attempt = store.cancels.attempt(job_id)
+        if attempt.state is JobState.RUNNING and attempt.step < spec["training"]["steps"]:
             return job_id, pid, spec
         os.killpg(pid, signal.SIGCONT)  # it ended before the freeze: a longer job
         spec["training"]["steps"] *= 4

@@ -55,10 +55,10 @@ def purge_job(store: JobStore, rq_redis: Redis, settings: Settings, job_id: str,
 def purge_comparison(store: JobStore, rq_redis: Redis, settings: Settings, comparison_id: str,
                      tenant: str) -> None:
     """Delete a comparison and all its jobs, once every one has ended; else nothing."""
-    record = store.get_comparison(comparison_id, tenant)
+    record = store.comparisons.get_comparison(comparison_id, tenant)
     if record is None:
         raise ComparisonNotFound(comparison_id)
-    jobs = [job for job in store.get_many(record.job_ids) if job is not None]
+    jobs = [job for job in store.jobs.get_many(record.job_ids) if job is not None]
     active = {job.id: job.state.value for job in jobs if not job.state.terminal}
     if active:
         raise ComparisonNotEnded(comparison_id, active)
@@ -68,9 +68,9 @@ def purge_comparison(store: JobStore, rq_redis: Redis, settings: Settings, compa
 def _purge(store: JobStore, rq_redis: Redis, settings: Settings, tenant: str, jobs: Sequence[JobRecord],
            comparison_id: str | None = None) -> None:
     job_ids = [job.id for job in jobs]
-    rq_jobs = {job.id: store.rq_job_id(job.id) for job in jobs}
+    rq_jobs = {job.id: store.jobs.rq_job_id(job.id) for job in jobs}
     _settle(store, rq_redis, job_ids, list(rq_jobs.values()))
-    refusal = store.purge(tenant, job_ids, services.CACHED_VIEW_SIZES, comparison_id)
+    refusal = store.purges.purge(tenant, job_ids, services.CACHED_VIEW_SIZES, comparison_id)
     if refusal is not None:
         raise _refused(refusal, settings, comparison_id)
     for job in jobs:
@@ -82,7 +82,7 @@ def _settle(store: JobStore, rq_redis: Redis, job_ids: list[str], rq_job_ids: li
     """Wait, up to SETTLE_S, until no attempt holds a lease on these jobs and RQ has recorded each task's end."""
     deadline = time.monotonic() + SETTLE_S
     while time.monotonic() < deadline:
-        if not store.leases_held(job_ids) and not any(queues.rq_job_started(rq_redis, i) for i in rq_job_ids):
+        if not store.leases.leases_held(job_ids) and not any(queues.rq_job_started(rq_redis, i) for i in rq_job_ids):
             return
         time.sleep(SETTLE_POLL_S)
 

@@ -19,41 +19,36 @@ from redis.asyncio import Redis
 from app.api.services import LiveWorkers, waiting_reason
 from app.core.errors import JobNotFound
 from app.store import JobStore
-from app.store.keys import events_key, job_key
+from app.store.async_reads import AsyncJobReads
 from mpjobs.contract.jobs import JobState
 
-# The job's record and its transitions in one command: a script is one reply to parse, where a pipeline of
-# HGETALL and XRANGE costs redis.asyncio twice the Python per request.
-READ_JOB = """
-return {redis.call('HGETALL', KEYS[1]), redis.call('XRANGE', KEYS[2], '-', '+')}
-"""
 CACHED_JOBS = 1024
 """Jobs whose JSON an API process keeps, most recently read first: a few MB at most."""
 
 
 class JobViews:
-    """The JSON of `GET /jobs/{id}`, read with `aredis` and built as `store.get` builds a job."""
+    """The JSON of `GET /jobs/{id}`, read with `aredis` in one round trip (app/store/async_reads.py) and built as
+    `store.jobs.get` builds a job."""
 
     def __init__(self, aredis: Redis, store: JobStore, workers: LiveWorkers, size: int = CACHED_JOBS) -> None:
         self.aredis, self.store, self.workers, self.size = aredis, store, workers, size
-        self._read = aredis.register_script(READ_JOB)
+        self.reads = AsyncJobReads(aredis)
         self._held: OrderedDict[str, tuple[Any, bytes]] = OrderedDict()
 
     async def json(self, job_id: str, tenant: str) -> bytes:
         """The job as `Job` JSON, or JobNotFound: another tenant's job is indistinguishable from none.
         A queued job that no live worker can take says why, as `services.get` has it."""
-        flat, events = await self._read(keys=[job_key(job_id), events_key(job_id)])
-        raw = dict(zip(flat[::2], flat[1::2], strict=True))
+        stored = await self.reads.job(job_id)
+        raw = stored.record
         if not raw or raw.get("tenant") != tenant:
             raise JobNotFound(job_id)
         unserved = raw.get("state") == JobState.QUEUED.value and not await self._workers(raw["queue"])
-        version = (tuple(sorted(raw.items())), len(events), events[-1][0] if events else None, unserved)
+        version = (tuple(sorted(raw.items())), len(stored.events), stored.last_event_id, unserved)
         held = self._held.get(job_id)
         if held is not None and held[0] == version:
             self._held.move_to_end(job_id)
             return held[1]
-        job = self.store.job_from(raw, [(event_id, dict(zip(fields[::2], fields[1::2], strict=True)))
-                                        for event_id, fields in events])
+        job = self.store.jobs.job_from(raw, stored.transitions())
         if unserved:
             job = job.model_copy(update={"waiting_reason": waiting_reason(job.queue)})
         body = job.model_dump_json().encode()

@@ -1,9 +1,9 @@
 """What a route reads from its path, query and headers, each checked before any Redis key or command is built of it.
 
-A path id that is not a uuid4 hex (as the store makes them) is answered 404 like a missing job or
-another tenant's: `job:{id}` with id `x:events` would name another record's key. An integer parameter
-is decimal ASCII digits inside its declared range, or a 422 naming it and the range: a step up to
-TrainingSpec's most steps, a Redis integer (a creation sequence) up to 2**63 - 1. A page `limit` is
+A path id that is not a record id as the store makes them (app/store/ids.py: a uuid4 hex) is answered 404
+like a missing job or another tenant's: `job:{id}` with id `x:events` would name another record's key. An
+integer parameter is decimal ASCII digits inside its declared range, or a 422 naming it and the range: a
+step up to TrainingSpec's most steps, a Redis integer (a creation sequence) up to 2**63 - 1. A page `limit` is
 bounded the same way; a page holds at most MAX_PAGE whatever the limit asks.
 """
 
@@ -18,7 +18,7 @@ from pydantic import BeforeValidator
 from app.api.deps import TenantDep
 from app.api.services import MAX_PAGE
 from app.core.errors import ComparisonNotFound, JobNotFound
-from app.store.keys import is_record_id
+from app.store.ids import is_record_id
 from mpjobs.contract.spec import MAX_STEPS
 
 MAX_INT64 = 2**63 - 1

@@ -27,7 +27,7 @@ def submit(store: JobStore, rq_redis: Redis, spec: JobSpec, tenant: str,
     """Queue `spec`. Returns (job, created); a repeated Idempotency-Key returns the first job."""
     once = None if idempotency_key is None else IdempotencyKey.for_job(tenant, idempotency_key,
                                                                        spec.model_dump_json())
-    job_id, created = store.create(spec, tenant, queues.queue_for(spec),
+    job_id, created = store.jobs.create(spec, tenant, queues.queue_for(spec),
                                    lambda jid, pipe: queues.enqueue(rq_redis, spec, jid, pipe),
                                    rq_redis.pipeline(transaction=True), once)
     return get(store, job_id, tenant), created
@@ -36,7 +36,7 @@ def submit(store: JobStore, rq_redis: Redis, spec: JobSpec, tenant: str,
 def get(store: JobStore, job_id: str, tenant: str) -> JobRecord:
     """The job, or JobNotFound: another tenant's job is indistinguishable from none. (`GET /jobs/{id}` reads
     it on the async client, with `waiting_reason` for a queued job no live worker can take: job_views.py.)"""
-    job = store.get(job_id, tenant)
+    job = store.jobs.get(job_id, tenant)
     if job is None:
         raise JobNotFound(job_id)
     return job
@@ -84,7 +84,7 @@ class LiveWorkers:
 
 
 def list_jobs(store: JobStore, tenant: str, state: JobState | None, limit: int, cursor: int | None) -> JobPage:
-    jobs, next_cursor = store.list(tenant, state, limit, cursor)
+    jobs, next_cursor = store.jobs.list(tenant, state, limit, cursor)
     return JobPage(jobs=jobs, next_cursor=None if next_cursor is None else str(next_cursor))
 
 
@@ -114,28 +114,28 @@ def cancel(store: JobStore, rq_redis: Redis, job_id: str, tenant: str) -> JobRec
 
 def _cancel_queued(store: JobStore, rq_redis: Redis, job: JobRecord) -> JobState | None:
     """Cancel a queued job and take its RQ job off the queue. Returns the state it was in."""
-    moved, now = store.transition(job.id, JobState.CANCELED, [JobState.QUEUED], "canceled before it started",
+    moved, now = store.jobs.transition(job.id, JobState.CANCELED, [JobState.QUEUED], "canceled before it started",
                                   error={"reason": "canceled", "message": "Canceled before it started."})
     if moved:
-        Queue(job.queue, connection=rq_redis).remove(store.rq_job_id(job.id))
+        Queue(job.queue, connection=rq_redis).remove(store.jobs.rq_job_id(job.id))
     return now
 
 
 def _cancel_running(store: JobStore, job: JobRecord) -> JobState | None:
     """Raise the flag and wait for the worker to answer while its lease lives. A silent worker's attempt
     is canceled here, unless its lease changed hands. Returns the job's state after."""
-    store.request_cancel(job.id)
-    attempt = store.attempt(job.id)
+    store.cancels.request_cancel(job.id)
+    attempt = store.cancels.attempt(job.id)
     deadline = time.monotonic() + CANCEL_ANSWER_S
     while (attempt.state is JobState.RUNNING and attempt.lease_owner and not attempt.answered
            and time.monotonic() < deadline):
         time.sleep(CANCEL_POLL_S)
-        attempt = store.attempt(job.id)
+        attempt = store.cancels.attempt(job.id)
     if attempt.state is not JobState.RUNNING or (attempt.answered and attempt.lease_owner):
         return attempt.state  # it ended, was requeued, or its live worker stops it
     worker = attempt.lease_owner or (f"{job.worker.host}:{job.worker.pid}" if job.worker else "unknown")
     why = f"did not answer within {CANCEL_ANSWER_S:g} s" if attempt.lease_owner else "lost its lease"
-    return store.cancel_lost(
+    return store.cancels.cancel_lost(
         attempt, job.id, f"canceled at step {attempt.step}: worker {worker} {why}, presumed dead",
         error={"reason": "canceled",
                "message": f"Canceled at step {attempt.step}; its worker ({worker}) {why}, presumed dead."})
@@ -143,7 +143,7 @@ def _cancel_running(store: JobStore, job: JobRecord) -> JobState | None:
 
 def layers(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> LayersPage:
     get(store, job_id, tenant)
-    return store.read_layers(job_id, after, min(limit, MAX_PAGE))
+    return store.history.read_layers(job_id, after, min(limit, MAX_PAGE))
 
 
 CACHED_VIEW_SIZES = frozenset({500, 1000})
@@ -160,13 +160,13 @@ def buckets_json(store: JobStore, job_id: str, tenant: str, max_points: int) -> 
     they never pile up recomputing it at once."""
     ended = get(store, job_id, tenant).state.terminal
     if max_points not in CACHED_VIEW_SIZES:
-        return store.read_buckets(job_id, max_points).model_dump_json()
+        return store.history.read_buckets(job_id, max_points).model_dump_json()
     fresh_s = VIEW_TTL_S if ended else LIVE_VIEW_TTL_S
-    cached, fresh = store.cached_view(job_id, max_points)
-    if cached is not None and (fresh or not store.claim_view_refresh(job_id, max_points, fresh_s)):
+    cached, fresh = store.views.cached_view(job_id, max_points)
+    if cached is not None and (fresh or not store.views.claim_view_refresh(job_id, max_points, fresh_s)):
         return cached
-    body = store.read_buckets(job_id, max_points).model_dump_json()
-    store.cache_view(job_id, max_points, body, fresh_s)
+    body = store.history.read_buckets(job_id, max_points).model_dump_json()
+    store.views.cache_view(job_id, max_points, body, fresh_s)
     return body
 
 
@@ -196,14 +196,14 @@ def submit_comparison(store: JobStore, rq_redis: Redis, spec: ComparisonSpec, te
     jobs = [(job_spec, queues.queue_for(job_spec)) for job_spec in spec.job_specs()]
     once = None if idempotency_key is None else IdempotencyKey.for_comparison(tenant, idempotency_key,
                                                                               spec.model_dump_json())
-    comparison_id, created = store.create_comparison(
+    comparison_id, created = store.comparisons.create_comparison(
         spec, tenant, jobs, lambda job_id, job_spec, pipe: queues.enqueue(rq_redis, job_spec, job_id, pipe),
         rq_redis.pipeline(transaction=True), once)
     return get_comparison(store, comparison_id, tenant), created
 
 
 def _report(store: JobStore, record: ComparisonRecord) -> ComparisonReport:
-    jobs = store.get_many(record.job_ids)
+    jobs = store.jobs.get_many(record.job_ids)
     if any(job is None for job in jobs):
         raise ComparisonNotFound(record.id)  # its jobs were deleted from Redis by hand
     return reports.build(record.id, record.name, record.created_at, record.spec,
@@ -211,14 +211,14 @@ def _report(store: JobStore, record: ComparisonRecord) -> ComparisonReport:
 
 
 def get_comparison(store: JobStore, comparison_id: str, tenant: str) -> ComparisonReport:
-    record = store.get_comparison(comparison_id, tenant)
+    record = store.comparisons.get_comparison(comparison_id, tenant)
     if record is None:
         raise ComparisonNotFound(comparison_id)
     return _report(store, record)
 
 
 def list_comparisons(store: JobStore, tenant: str, limit: int, cursor: int | None) -> ComparisonPage:
-    records, next_cursor = store.list_comparisons(tenant, limit, cursor)
+    records, next_cursor = store.comparisons.list_comparisons(tenant, limit, cursor)
     return ComparisonPage(comparisons=[_report(store, record) for record in records],
                           next_cursor=None if next_cursor is None else str(next_cursor))
 

@@ -5,22 +5,12 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 from redis.asyncio import Redis
 
 from app.store.archive import ArchivedHistory
-from app.store.keys import (
-    LAYERS_FIELD,
-    STEP_FIELD,
-    entry_id,
-    events_key,
-    job_key,
-    layers_key,
-    metrics_key,
-    number_of,
-)
+from app.store.async_reads import AsyncStreamReads, StreamCursor
 from mpjobs.contract.jobs import JobState
 
 BLOCK_MS = 1000
@@ -48,8 +38,8 @@ async def stream_job(
     same events with the same ids: its steps and checks, then its states, then `end`. One archived while
     it streams goes on from the archive after the last step sent.
     """
-    metrics, layers, events = metrics_key(job_id), layers_key(job_id), events_key(job_id)
-    cursors = {layers: entry_id(after_step), metrics: entry_id(after_step), events: entry_id(0)}
+    streams = AsyncStreamReads(redis, job_id)
+    cursor = StreamCursor(checks=after_step, steps=after_step)
     held: list[tuple[int, str]] = []
     """Layer checks read but not sent yet: (step, LayerCheck JSON), in step order."""
     terminal = False
@@ -57,44 +47,40 @@ async def stream_job(
     if history is not None:
         async for event in _replay(history, after_step, after_step, [], disconnected):
             yield event
-        for _, fields in await redis.xrange(events):
+        for fields in await streams.transitions():
             yield _event("state", json.dumps(fields))
-        yield _event("end", json.dumps({"state": await redis.hget(job_key(job_id), "state")}))
+        yield _event("end", json.dumps({"state": await streams.state()}))
         return
     while not await disconnected():
-        reply: Any = await redis.xread(cursors, count=BATCH, block=None if terminal else BLOCK_MS)
-        found: dict[str, list[tuple[str, dict[str, str]]]] = dict(reply or [])
-        for stream_id, fields in found.get(layers, []):
-            cursors[layers] = stream_id
-            held.append((number_of(stream_id), fields[LAYERS_FIELD]))
+        found = await streams.read(cursor, count=BATCH, block_ms=None if terminal else BLOCK_MS)
+        for step, check in found.checks:
+            cursor.checks = step
+            held.append((step, check))
         # A full batch of checks: more may lie past the last one read.
-        checks_read_to = number_of(cursors[layers]) if len(found.get(layers, [])) == BATCH else None
-        for stream_id, fields in found.get(metrics, []):
-            step = number_of(stream_id)
+        checks_read_to = cursor.checks if len(found.checks) == BATCH else None
+        for step, record in found.steps:
             if checks_read_to is not None and step > checks_read_to:
                 break  # the next read brings the checks up to this step, then the step again
             while held and held[0][0] <= step:
                 yield _event("layers", held.pop(0)[1])
-            cursors[metrics] = stream_id
-            yield _event("metrics", fields[STEP_FIELD], str(step))
-        for stream_id, fields in found.get(events, []):
-            cursors[events] = stream_id
+            cursor.steps = step
+            yield _event("metrics", record, str(step))
+        for event_id, fields in found.events:
+            cursor.events = event_id
             terminal = terminal or JobState(fields["state"]).terminal
             yield _event("state", json.dumps(fields))
-        if terminal and not found:
+        if terminal and found.empty:
             # The job ended and every step written before that has been sent (unless its history was
             # archived meanwhile: the rest comes from the archive); then any check left without a step
             # after it (its step lost to a Redis crash).
             history = await archived() if archived is not None else None
             if history is not None:
-                async for event in _replay(history, number_of(cursors[metrics]), number_of(cursors[layers]), held,
-                                           disconnected):
+                async for event in _replay(history, cursor.steps, cursor.checks, held, disconnected):
                     yield event
                 held = []
             for _, check in held:
                 yield _event("layers", check)
-            state = await redis.hget(job_key(job_id), "state")
-            yield _event("end", json.dumps({"state": state}))
+            yield _event("end", json.dumps({"state": await streams.state()}))
             return
 
 

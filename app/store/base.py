@@ -18,7 +18,8 @@ return 1
 
 
 class RedisBacked:
-    """A part of the store. Its `SCRIPTS` (name -> Lua source) are registered once per store."""
+    """A part of the store, on the connection it is given. Its `SCRIPTS` (name -> Lua source, with those of the
+    classes it derives from) are registered when it is made."""
 
     SCRIPTS: ClassVar[dict[str, str]] = {"hset_existing": HSET_EXISTING}
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from redis import Redis
 from redis.client import Pipeline
 
 from app.core import clock
-from app.store.idempotency import IdempotencyKey
+from app.store.base import RedisBacked
+from app.store.idempotency import IdempotencyKey, write_once
+from app.store.ids import new_record_id
 from app.store.jobs import JobRecords
 from app.store.keys import SEQ, comparison_index_key, comparison_key
 from mpjobs.contract.spec import ComparisonSpec, JobSpec
@@ -30,8 +32,13 @@ def _comparison_record(raw: dict[str, str]) -> ComparisonRecord:
                             spec=ComparisonSpec.model_validate_json(raw["spec"]), job_ids=json.loads(raw["jobs"]))
 
 
-class Comparisons(JobRecords):
-    """The `cmp:{id}` hash and each tenant's `cmps:{tenant}` index; a comparison's jobs are job records."""
+class Comparisons(RedisBacked):
+    """The `cmp:{id}` hash and each tenant's `cmps:{tenant}` index; a comparison's jobs are job records,
+    written through `jobs`."""
+
+    def __init__(self, redis: Redis, jobs: JobRecords) -> None:
+        super().__init__(redis)
+        self.jobs = jobs
 
     def create_comparison(self, spec: ComparisonSpec, tenant: str, jobs: Sequence[tuple[JobSpec, str]],
                           enqueue: Callable[[str, JobSpec, Pipeline], None], pipe: Pipeline,
@@ -40,11 +47,11 @@ class Comparisons(JobRecords):
         Idempotency-Key goes in the same MULTI/EXEC, or the comparison it already names is returned.
         Returns (comparison id, created)."""
         def write(pipe: Pipeline) -> str:
-            comparison_id = uuid.uuid4().hex
-            job_ids = [uuid.uuid4().hex for _ in jobs]
+            comparison_id = new_record_id()
+            job_ids = [new_record_id() for _ in jobs]
             for job_id, (job_spec, queue) in zip(job_ids, jobs, strict=True):
                 enqueue(job_id, job_spec, pipe)
-                self._write_job(pipe, job_id, job_spec, tenant, queue, comparison_id)
+                self.jobs.write_new(pipe, job_id, job_spec, tenant, queue, comparison_id)
             seq = int(self.redis.incr(SEQ))
             pipe.hset(comparison_key(comparison_id), mapping={
                 "id": comparison_id, "seq": seq, "tenant": tenant, "name": json.dumps(spec.name),
@@ -53,7 +60,7 @@ class Comparisons(JobRecords):
             pipe.zadd(comparison_index_key(tenant), {comparison_id: seq})
             return comparison_id
 
-        return self.write_once(pipe, once, lambda made: bool(self.redis.exists(comparison_key(made))), write)
+        return write_once(pipe, once, lambda made: bool(self.redis.exists(comparison_key(made))), write)
 
     def get_comparison(self, comparison_id: str, tenant: str) -> ComparisonRecord | None:
         raw = self.redis.hgetall(comparison_key(comparison_id))

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from redis import Redis
+
 from app.store.archive import FORMAT_VERSION, ArchivedHistory, ArchiveInfo, HistoryCache
+from app.store.base import RedisBacked
 from app.store.keys import ARCHIVED_FIELD, job_key
 from app.store.pages import RawPage, raw_page
 from app.store.rollup import SERIES, raw_buckets, rollup_buckets
@@ -23,12 +26,14 @@ BUCKET_FIELDS = ("step", "skipped", *SERIES)
 """What a bucket folds of each step record."""
 
 
-class MetricHistory(MetricStreams):
-    """The metric streams' reads, falling back to the job's archive under `artifacts_dir`."""
+class MetricHistory(RedisBacked):
+    """The reads of `streams`, each falling back to the job's archive under `artifacts_dir` (ARTIFACTS_DIR:
+    without it an archived job's history cannot be read). `archives` keeps the archives last opened."""
 
-    artifacts_dir: Path | None = None
-    """ARTIFACTS_DIR; set by JobStore. Without it an archived job's history cannot be read."""
-    histories: HistoryCache
+    def __init__(self, redis: Redis, streams: MetricStreams, artifacts_dir: Path | None) -> None:
+        super().__init__(redis)
+        self.streams, self.artifacts_dir = streams, artifacts_dir
+        self.archives = HistoryCache()
 
     def archive_info(self, job_id: str) -> ArchiveInfo | None:
         """What the job record says about its archive; None while its history is in Redis."""
@@ -47,10 +52,10 @@ class MetricHistory(MetricStreams):
         if self.artifacts_dir is None:
             raise RuntimeError(f"Expected a JobStore built with artifacts_dir to read the archived history of "
                                f"job {job_id}. Received: artifacts_dir=None")
-        return self.histories.open(self.artifacts_dir / info.dir)
+        return self.archives.open(self.artifacts_dir / info.dir)
 
     def read_metrics(self, job_id: str, after_step: int, limit: int) -> MetricsPage:
-        page = super().read_metrics(job_id, after_step, limit)
+        page = self.streams.read_metrics(job_id, after_step, limit)
         history = self.archived_history(job_id)
         if history is None:
             return page
@@ -58,7 +63,7 @@ class MetricHistory(MetricStreams):
         return metrics_page(job_id, after_step, points[:limit], len(points) > limit)
 
     def read_metrics_raw(self, job_id: str, after_step: int, limit: int) -> RawPage:
-        page = super().read_metrics_raw(job_id, after_step, limit)
+        page = self.streams.read_metrics_raw(job_id, after_step, limit)
         info = self.archive_info(job_id)
         return page if info is None else self.archived_page(job_id, info, after_step, limit)
 
@@ -67,7 +72,7 @@ class MetricHistory(MetricStreams):
         return raw_page(after_step, self._open(job_id, info).step_jsons(after_step, limit + 1), limit)
 
     def read_layers(self, job_id: str, after_step: int, limit: int) -> LayersPage:
-        page = super().read_layers(job_id, after_step, limit)
+        page = self.streams.read_layers(job_id, after_step, limit)
         history = self.archived_history(job_id)
         if history is None:
             return page
@@ -77,7 +82,7 @@ class MetricHistory(MetricStreams):
 
     def read_buckets(self, job_id: str, max_points: int) -> MetricsBuckets:
         """The same buckets from the archive as from the streams: the same records and rollups, cut the same way."""
-        view = super().read_buckets(job_id, max_points)
+        view = self.streams.read_buckets(job_id, max_points)
         history = self.archived_history(job_id)
         if history is None:
             return view

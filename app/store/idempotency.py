@@ -11,7 +11,6 @@ from redis.client import Pipeline
 from redis.exceptions import WatchError
 
 from app.core.errors import IdempotencyConflict, IdempotencyKeyContended
-from app.store.base import RedisBacked
 from app.store.keys import comparison_idempotency_key, idempotency_key
 
 IDEMPOTENCY_TTL_S = 24 * 3600
@@ -46,39 +45,38 @@ def _fingerprint(spec_json: str) -> str:
     return hashlib.sha256(spec_json.encode()).hexdigest()
 
 
-class Idempotency(RedisBacked):
-    def write_once(self, pipe: Pipeline, key: IdempotencyKey | None, exists: Callable[[str], bool],
-                   write: Callable[[Pipeline], str]) -> tuple[str, bool]:
-        """Run `write` (it queues a record's writes on `pipe`, inside its MULTI, and returns the record's
-        id) and EXEC it with the key; or, if the key already names a record that `exists`, return that.
-        Returns (id, created).
+def write_once(pipe: Pipeline, key: IdempotencyKey | None, exists: Callable[[str], bool],
+               write: Callable[[Pipeline], str]) -> tuple[str, bool]:
+    """Run `write` (it queues a record's writes on `pipe`, inside its MULTI, and returns the record's
+    id) and EXEC it with the key; or, if the key already names a record that `exists`, return that.
+    Returns (id, created).
 
-        The key is WATCHed, read, then set in the MULTI/EXEC that writes the record: a crash at any point
-        leaves both or neither, and of concurrent requests with one key one EXECs, the others see the key
-        changed, read it again and return its record. A key that names no record (one an older version
-        left, a record deleted by hand) names nothing that was made: the request reclaims it.
+    The key is WATCHed, read, then set in the MULTI/EXEC that writes the record: a crash at any point
+    leaves both or neither, and of concurrent requests with one key one EXECs, the others see the key
+    changed, read it again and return its record. A key that names no record (one an older version
+    left, a record deleted by hand) names nothing that was made: the request reclaims it.
 
-        Raises IdempotencyConflict when the key names a record made from another fingerprint.
-        """
-        with pipe:
-            for _ in range(MAX_RACES):
-                if key is not None:
-                    pipe.watch(key.redis_key)  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
-                    held = pipe.get(key.redis_key)
-                    record = json.loads(held) if held else {}
-                    made = record.get(key.names)
-                    if made is not None and exists(made):
-                        if record.get("fingerprint") != key.fingerprint:
-                            raise IdempotencyConflict(key.what)
-                        return str(made), False
-                pipe.multi()
-                created = write(pipe)
-                if key is not None:
-                    pipe.set(key.redis_key, json.dumps({"fingerprint": key.fingerprint, key.names: created}),
-                             ex=IDEMPOTENCY_TTL_S)
-                try:
-                    pipe.execute()
-                except WatchError:
-                    continue  # another request wrote the key first: read what it made
-                return created, True
-        raise IdempotencyKeyContended(MAX_RACES)
+    Raises IdempotencyConflict when the key names a record made from another fingerprint.
+    """
+    with pipe:
+        for _ in range(MAX_RACES):
+            if key is not None:
+                pipe.watch(key.redis_key)  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+                held = pipe.get(key.redis_key)
+                record = json.loads(held) if held else {}
+                made = record.get(key.names)
+                if made is not None and exists(made):
+                    if record.get("fingerprint") != key.fingerprint:
+                        raise IdempotencyConflict(key.what)
+                    return str(made), False
+            pipe.multi()
+            created = write(pipe)
+            if key is not None:
+                pipe.set(key.redis_key, json.dumps({"fingerprint": key.fingerprint, key.names: created}),
+                         ex=IDEMPOTENCY_TTL_S)
+            try:
+                pipe.execute()
+            except WatchError:
+                continue  # another request wrote the key first: read what it made
+            return created, True
+    raise IdempotencyKeyContended(MAX_RACES)

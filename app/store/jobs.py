@@ -1,9 +1,8 @@
-"""Job records: create (with the enqueue, in one MULTI/EXEC), read, list, and move between states atomically."""
+"""Job records: create (with the enqueue, in one MULTI/EXEC), read, list, move between states atomically, requeue."""
 
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -11,8 +10,11 @@ from redis.client import Pipeline
 
 from app.core import clock
 from app.core.notes import spec_notes
-from app.store.idempotency import Idempotency, IdempotencyKey
+from app.store.base import RedisBacked
+from app.store.idempotency import IdempotencyKey, write_once
+from app.store.ids import new_record_id
 from app.store.keys import ENDED, JOB_INDEX_PREFIX, RUNNING, SEQ, TENANTS, events_key, index_key, job_key
+from app.store.queue import retry_id
 from mpjobs.contract.jobs import JobError, JobRecord, JobState, Progress, Transition, WorkerInfo
 from mpjobs.contract.records import Summary
 from mpjobs.contract.spec import JobSpec
@@ -42,7 +44,7 @@ return {'ok', cur}
 """
 
 
-class JobRecords(Idempotency):
+class JobRecords(RedisBacked):
     """The `job:{id}` hash, its `events` stream and the tenant indexes."""
 
     SCRIPTS = {"transition": TRANSITION}
@@ -54,15 +56,16 @@ class JobRecords(Idempotency):
         Returns (job id, created).
         """
         def write(pipe: Pipeline) -> str:
-            job_id = uuid.uuid4().hex
+            job_id = new_record_id()
             enqueue(job_id, pipe)
-            self._write_job(pipe, job_id, spec, tenant, queue)
+            self.write_new(pipe, job_id, spec, tenant, queue)
             return job_id
 
-        return self.write_once(pipe, once, self.exists, write)
+        return write_once(pipe, once, self.exists, write)
 
-    def _write_job(self, pipe: Pipeline, job_id: str, spec: JobSpec, tenant: str, queue: str,
-                   comparison_id: str | None = None) -> None:
+    def write_new(self, pipe: Pipeline, job_id: str, spec: JobSpec, tenant: str, queue: str,
+                  comparison_id: str | None = None) -> None:
+        """Queue the new record's writes on `pipe`, inside a MULTI (`create`, and each of a comparison's jobs)."""
         seq = int(self.redis.incr(SEQ))
         at = clock.iso()
         record: dict[str, Any] = {
@@ -99,15 +102,6 @@ class JobRecords(Idempotency):
         if not raw or (tenant is not None and raw.get("tenant") != tenant):
             return None
         return self.job_from(raw, events)
-
-    def ended_steps(self, job_id: str, tenant: str) -> tuple[bool, int | None]:
-        """(exists, steps done): whether the tenant's job exists, and once it has ended with a summary,
-        how many steps it trained. One HMGET: what a metrics page needs, without building the job."""
-        state, owner, summary = self.redis.hmget(job_key(job_id), ["state", "tenant", "summary"])
-        if state is None or owner != tenant:
-            return False, None
-        ended = JobState(state).terminal and summary is not None
-        return True, int(json.loads(summary)["steps_done"]) if ended else None
 
     def job_from(self, raw: dict[str, str], events: list[tuple[str, dict[str, str]]]) -> JobRecord:
         """The job from its record (HGETALL) and its transitions (XRANGE of its events)."""
@@ -163,3 +157,13 @@ class JobRecords(Idempotency):
 
     def rq_job_id(self, job_id: str) -> str:
         return str(self.redis.hget(job_key(job_id), "rq_job") or job_id)
+
+    def requeue(self, job_id: str, attempt: int, enqueue: Callable[[str, Pipeline], None], pipe: Pipeline) -> str:
+        """Enqueue attempt `attempt` of the job as an RQ job of its own (`retry_id`) and name it on the record, in
+        one MULTI/EXEC on `pipe`: both or neither. `enqueue(rq_job_id, pipe)` queues the task. Returns that id."""
+        rq_job_id = retry_id(job_id, attempt)
+        with pipe:
+            enqueue(rq_job_id, pipe)
+            pipe.hset(job_key(job_id), "rq_job", rq_job_id)
+            pipe.execute()
+        return rq_job_id

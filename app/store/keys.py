@@ -27,6 +27,8 @@ a rollup one entry of `job:{id}:rollup`, id `{index}-0`, field `a`. Only this mo
 Lua scripts get them as arguments, except the per-state indexes, which the transition and reap
 scripts extend from JOB_INDEX_PREFIX with the job's tenant and state.
 
+Every `{id}` is a record id (app/store/ids.py): no other text is put into a key.
+
 Once a job's history is archived (app/store/archive.py), its record holds ARCHIVED_FIELD and its
 metrics, rollup and layers streams are gone: readers take the history from the files then.
 """
@@ -34,7 +36,6 @@ metrics, rollup and layers streams are gone: readers take the history from the f
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -51,15 +52,6 @@ JOB_INDEX_PREFIX = f"{PREFIX}jobs:"
 """`jobs:{tenant}` and `jobs:{tenant}:{state}`: the Lua scripts append the tenant and state themselves."""
 COMPARISON_PREFIX = f"{PREFIX}cmp:"
 """`cmp:{id}`: the purge script appends a job's comparison id to see whether the comparison still exists."""
-
-
-RECORD_ID = re.compile(r"[0-9a-f]{32}")
-"""Every job and comparison id: `uuid.uuid4().hex` (store/jobs.py, comparisons.py, idempotency.py). Only an
-id of this form may be put into a key: `x:events` would name another record's key."""
-
-
-def is_record_id(text: str) -> bool:
-    return RECORD_ID.fullmatch(text) is not None
 
 
 def job_key(job_id: str) -> str:

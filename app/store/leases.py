@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from app.core import clock
 from app.store.base import RedisBacked
@@ -42,6 +43,14 @@ class Leases(RedisBacked):
 
     def drop_lease(self, job_id: str) -> None:
         self.redis.delete(lease_key(job_id))
+
+    def leases_held(self, job_ids: Sequence[str]) -> list[str]:
+        """The jobs among `job_ids` whose attempt still holds its lease."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.exists(lease_key(job_id))
+            held = pipe.execute()
+        return [job_id for job_id, found in zip(job_ids, held, strict=True) if found]
 
     def running_ids(self) -> set[str]:
         return set(self.redis.smembers(RUNNING))

@@ -20,7 +20,6 @@ from app.store.keys import (
     comparison_index_key,
     comparison_key,
     job_keys,
-    lease_key,
 )
 from mpjobs.contract.jobs import JobState
 
@@ -103,11 +102,3 @@ class Purges(RedisBacked):
         # which finds no record (app/store/retention.py), so this need not be in the script.
         self.redis.zrem(ENDED, *job_ids)
         return None
-
-    def leases_held(self, job_ids: Sequence[str]) -> list[str]:
-        """The jobs among `job_ids` whose attempt still holds its lease."""
-        with self.redis.pipeline(transaction=False) as pipe:
-            for job_id in job_ids:
-                pipe.exists(lease_key(job_id))
-            held = pipe.execute()
-        return [job_id for job_id, found in zip(job_ids, held, strict=True) if found]

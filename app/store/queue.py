@@ -72,11 +72,17 @@ def enqueue(redis: Redis, spec: JobSpec, job_id: str, pipe: Pipeline, rq_job_id:
     )
 
 
+def retry_id(job_id: str, attempt: int) -> str:
+    """The RQ job id of attempt `attempt` (2 or more) of a job, which the reaper requeues: `{job_id}-a{attempt}`.
+    The first attempt's is the job id itself."""
+    return f"{job_id}-a{attempt}"
+
+
 def rq_job_ids(job_id: str, attempts: int, current: str) -> set[str]:
-    """Every RQ job a job may have had: its first (`job_id`), each retry's (`{job_id}-a2`, ...: the
-    reaper's names, worker/service/reaper.py, one past `attempts` for a retry canceled before it began)
-    and `current`, the one its record names."""
-    return {job_id, current, *(f"{job_id}-a{n}" for n in range(2, attempts + 2))}
+    """Every RQ job a job may have had: its first (`job_id`), each retry's (`retry_id`: the reaper's,
+    worker/service/reaper.py, one past `attempts` for a retry canceled before it began) and `current`,
+    the one its record names."""
+    return {job_id, current, *(retry_id(job_id, n) for n in range(2, attempts + 2))}
 
 
 def rq_job_started(redis: Redis, rq_job_id: str) -> bool:

@@ -35,11 +35,6 @@ class Series:
         self.total += value
         self.lo, self.hi = min(self.lo, value), max(self.hi, value)
 
-    def merge(self, other: Series) -> None:
-        self.n += other.n
-        self.total += other.total
-        self.lo, self.hi = min(self.lo, other.lo), max(self.hi, other.hi)
-
     def stat(self) -> Stat:
         if not self.n:
             return Stat(min=None, mean=None, max=None)
@@ -63,14 +58,6 @@ class Rollup:
         for name in SERIES:
             self.series[name].add(record[name])
 
-    def merge(self, other: Rollup) -> None:
-        self.first_step = self.first_step or other.first_step
-        self.last_step = other.last_step or self.last_step
-        self.steps += other.steps
-        self.skipped += other.skipped
-        for name in SERIES:
-            self.series[name].merge(other.series[name])
-
     def bucket(self) -> Bucket:
         s = self.series
         return Bucket(first_step=self.first_step, last_step=self.last_step, steps=self.steps,
@@ -83,15 +70,6 @@ class Rollup:
             if not values["n"]:
                 values["lo"] = values["hi"] = None
         return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Rollup:
-        series = {
-            name: Series(v["n"], v["total"], math.inf if v["lo"] is None else v["lo"],
-                         -math.inf if v["hi"] is None else v["hi"])
-            for name, v in data["series"].items()
-        }
-        return cls(data["first_step"], data["last_step"], data["steps"], data["skipped"], series)
 
 
 def bucketize_json(rollups: list[dict[str, Any]], per_bucket: int) -> list[Bucket]:

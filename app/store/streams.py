@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis import Redis
 from redis.client import NEVER_DECODE
 
 from app.store.base import RedisBacked
@@ -50,10 +51,16 @@ return removed
 
 class MetricStreams(RedisBacked):
     """`job:{id}:metrics` (one entry per step), `job:{id}:rollup` (one per ROLLUP_STEPS steps) and
-    `job:{id}:layers` (one per layer check)."""
+    `job:{id}:layers` (one per layer check).
+
+    Its reads see what Redis holds, and nothing of an archived history: `MetricHistory` (app/store/history.py)
+    reads wherever the history is, these first."""
 
     SCRIPTS = {"rewind": REWIND}
-    _unparsed: redis.Redis | None = None
+
+    def __init__(self, redis: Redis) -> None:
+        super().__init__(redis)
+        self._unparsed: Redis | None = None
 
     def append_steps(self, job_id: str, records: Sequence[StepRecord], rollups: Sequence[tuple[int, Rollup]],
                      layers: Sequence[LayerCheck] = ()) -> None:
@@ -97,6 +104,17 @@ class MetricStreams(RedisBacked):
         self._hset_existing(job_key(job_id), {"step": keep_step})
         return removed
 
+    def unrolled_steps(self, job_id: str) -> list[dict[str, Any]]:
+        """The stored steps after the last whole rollup (every ROLLUP_STEPS steps), parsed: what a resumed
+        attempt's unfinished rollup holds."""
+        last = self.redis.xrevrange(metrics_key(job_id), count=1)
+        if not last:
+            return []
+        last_step = number_of(last[0][0])
+        first = last_step - last_step % ROLLUP_STEPS
+        return [json.loads(fields[STEP_FIELD])
+                for _, fields in self.redis.xrange(metrics_key(job_id), min=after(first), max="+")]
+
     def latest_records(self, job_ids: Sequence[str]) -> dict[str, StepRecord]:
         """Each job's newest step record, for those that have one."""
         with self.redis.pipeline(transaction=False) as pipe:
@@ -115,7 +133,7 @@ class MetricStreams(RedisBacked):
         """The same page as `read_metrics`, its records as stored: XRANGE's reply as hiredis parsed it (bytes,
         no dict per entry), the records joined as they are, with no parse and no validation."""
         if self._unparsed is None:  # the same connections, XRANGE's reply left unparsed
-            self._unparsed = redis.Redis(connection_pool=self.redis.connection_pool)
+            self._unparsed = Redis(connection_pool=self.redis.connection_pool)
             self._unparsed.set_response_callback("XRANGE", unparsed_xrange)
         entries = self._unparsed.execute_command(  # type: ignore[no-untyped-call]
             "XRANGE", metrics_key(job_id), after(after_step), "+", "COUNT", limit + 1, **{NEVER_DECODE: []})

@@ -35,7 +35,8 @@ def test_a_kill_between_writing_the_files_and_trimming_redis_loses_nothing(serve
     folder.mkdir(parents=True)
     (folder / METRICS_FILE).write_bytes(b"PAR1 half a file from an earlier attempt")
     (folder / f".{METRICS_FILE}.99999.deadbeef.tmp").write_bytes(b"a temporary file its writer died with")
-    before = (store.read_metrics(job_id, 0, 10_000), store.read_buckets(job_id, 500), store.read_layers(job_id, 0, 999))
+    before = (store.history.read_metrics(job_id, 0, 10_000), store.history.read_buckets(job_id, 500),
+              store.history.read_layers(job_id, 0, 999))
     assert before[0].points == written, "the planted file is ignored: the record does not name an archive"
 
     child = subprocess.Popen([sys.executable, "-m", "tests.processes.kill_archiver", server.url,
@@ -59,15 +60,15 @@ def test_a_kill_between_writing_the_files_and_trimming_redis_loses_nothing(serve
     r = store.redis
     assert r.xlen(metrics_key(job_id)) == len(written) and r.xlen(layers_key(job_id)) == len(checks)
     assert r.xlen(rollup_key(job_id)) == 5000 // 64
-    assert store.archive_info(job_id) is None and r.zscore(ENDED, job_id) is not None
-    assert (store.read_metrics(job_id, 0, 10_000), store.read_buckets(job_id, 500),
-            store.read_layers(job_id, 0, 999)) == before
+    assert store.history.archive_info(job_id) is None and r.zscore(ENDED, job_id) is not None
+    assert (store.history.read_metrics(job_id, 0, 10_000), store.history.read_buckets(job_id, 500),
+            store.history.read_layers(job_id, 0, 999)) == before
 
     # The dead process's claim runs out (1 s); a later pass finishes the archive.
     wait_until(lambda: Archiver(store, retention_s=0).archive(job_id) == "archived", 30, "a later archive pass")
     assert not r.exists(archive_claim_key(job_id))
     assert not r.exists(metrics_key(job_id), rollup_key(job_id), layers_key(job_id))
-    store.histories = type(store.histories)()
-    assert (store.read_metrics(job_id, 0, 10_000), store.read_buckets(job_id, 500),
-            store.read_layers(job_id, 0, 999)) == before
-    assert store.read_metrics(job_id, 0, 10_000).points == written
+    store.history.archives = type(store.history.archives)()
+    assert (store.history.read_metrics(job_id, 0, 10_000), store.history.read_buckets(job_id, 500),
+            store.history.read_layers(job_id, 0, 999)) == before
+    assert store.history.read_metrics(job_id, 0, 10_000).points == written

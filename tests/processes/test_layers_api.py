@@ -23,17 +23,17 @@ def running_job(stack: Stack, steps: int = 6) -> tuple[JobStore, str]:
     """A job of the open tenant, moved to running by hand: no RQ job, so no worker takes it."""
     store = JobStore(stack.redis.client())
     spec = JobSpec.model_validate({"model": {"name": "mlp"}, "training": {"steps": steps}})
-    job_id, _ = store.create(spec, OPEN_TENANT, "cpu", lambda job_id, pipe: None,
+    job_id, _ = store.jobs.create(spec, OPEN_TENANT, "cpu", lambda job_id, pipe: None,
                              store.redis.pipeline(transaction=True))
-    store.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "running")
+    store.jobs.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "running")
     return store, job_id
 
 
 def ended_job(stack: Stack) -> str:
     """Six steps with checks at 1 and 5, written in two batches, then succeeded."""
     store, job_id = running_job(stack)
-    store.append_steps(job_id, [record(s) for s in range(1, 4)], [], [check(1)])
-    store.append_steps(job_id, [record(s) for s in range(4, 7)], [], [check(5, underflow=None)])
+    store.streams.append_steps(job_id, [record(s) for s in range(1, 4)], [], [check(1)])
+    store.streams.append_steps(job_id, [record(s) for s in range(4, 7)], [], [check(5, underflow=None)])
     finish(store, job_id, steps_done=6)
     return job_id
 
@@ -80,13 +80,13 @@ def test_the_stream_sends_each_check_just_before_its_step_and_resumes_without_lo
 
 def test_a_check_written_while_the_stream_is_open_arrives_live(stack: Stack, client: httpx.Client) -> None:
     store, job_id = running_job(stack, steps=4)
-    store.append_steps(job_id, [record(1), record(2)], [], [check(1)])
+    store.streams.append_steps(job_id, [record(1), record(2)], [], [check(1)])
     seen: list[tuple[str, int | None]] = []
     for event, _, data, _ in iter_sse(client, f"/jobs/{job_id}/metrics/stream"):
         payload = json.loads(data)
         seen.append((event, payload.get("step")))
         if (event, payload.get("step")) == ("metrics", 2):  # caught up: the next batch is written now
-            store.append_steps(job_id, [record(3), record(4)], [], [check(3)])
+            store.streams.append_steps(job_id, [record(3), record(4)], [], [check(3)])
             finish(store, job_id, steps_done=4)
         if event == "end":
             break

@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 
 from redis import Redis
+from redis.client import Pipeline
 
 from app.core.config import Settings
 from app.store import JobStore
-from app.store.keys import job_key
 from app.store.queue import enqueue
 from app.store.retention import Archiver
 
@@ -22,7 +22,7 @@ class Reaper:
     """Requeues running jobs whose lease expired (their worker died), on a thread.
 
     Every worker runs one; the check and the move happen in one Lua script, so
-    exactly one reaper requeues a job. Each retry is a new RQ job, `{id}-a{n}`.
+    exactly one reaper requeues a job. Each retry is a new RQ job (app/store/queue.py `retry_id`).
     An enqueue that fails after the move is retried on the next pass.
 
     On a second thread, as often, it archives the histories of jobs that ended more than
@@ -53,8 +53,8 @@ class Reaper:
                 log.warning("%s pass failed", what, exc_info=True)
 
     def reap_once(self) -> list[str]:
-        for job_id in self.store.running_ids():
-            outcome = self.store.reap(job_id, self.settings.max_attempts)
+        for job_id in self.store.leases.running_ids():
+            outcome = self.store.leases.reap(job_id, self.settings.max_attempts)
             if outcome == "queued":
                 self._unqueued.add(job_id)
             if outcome != "alive":
@@ -71,11 +71,12 @@ class Reaper:
         return requeued
 
     def _requeue(self, job_id: str) -> None:
-        job = self.store.get(job_id)
+        job = self.store.jobs.get(job_id)
         if job is None:
             return
-        rq_job_id = f"{job_id}-a{job.attempt + 1}"
-        with self.rq_redis.pipeline(transaction=True) as pipe:
-            enqueue(self.rq_redis, job.spec, job_id, pipe, rq_job_id=rq_job_id)
-            pipe.hset(job_key(job_id), "rq_job", rq_job_id)
-            pipe.execute()
+        spec = job.spec
+
+        def queue(rq_job_id: str, pipe: Pipeline) -> None:
+            enqueue(self.rq_redis, spec, job_id, pipe, rq_job_id=rq_job_id)
+
+        self.store.jobs.requeue(job_id, job.attempt + 1, queue, self.rq_redis.pipeline(transaction=True))

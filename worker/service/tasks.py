@@ -92,15 +92,15 @@ class AttemptWatcher:
             self._enforce()  # first, and without Redis: a Redis outage must not shield a stuck attempt
             try:
                 if time.monotonic() - renewed >= renew_every:
-                    self.store.renew_lease(self.job_id, self.owner, self.lease_s)
+                    self.store.leases.renew_lease(self.job_id, self.owner, self.lease_s)
                     renewed = time.monotonic()
-                if not self.cancel_requested.is_set() and self.store.cancel_requested(self.job_id):
-                    self.store.acknowledge_cancel(self.job_id, self.owner)  # else the API presumes it dead
+                if not self.cancel_requested.is_set() and self.store.cancels.cancel_requested(self.job_id):
+                    self.store.cancels.acknowledge_cancel(self.job_id, self.owner)  # else the API presumes it dead
                     self._canceled_at = time.monotonic()
                     self.cancel_requested.set()
                 now_phase = current_phase()
                 if now_phase != self._published_phase:
-                    self.store.set_fields(self.job_id, phase=now_phase)
+                    self.store.jobs.set_fields(self.job_id, phase=now_phase)
                     self._published_phase = now_phase
                 failing = False
             except Exception as exc:  # A Redis blip must not kill training; try again next poll.
@@ -151,33 +151,33 @@ def run_training(job_id: str) -> str:
 
 
 def _attempt(store: JobStore, job_id: str, settings: Settings) -> str:
-    job = store.get(job_id)
+    job = store.jobs.get(job_id)
     if job is None or job.state is not JobState.QUEUED:
         return f"skipped: {'missing' if job is None else job.state.value}"
-    if store.cancel_requested(job_id):  # canceled while its worker was being replaced
-        store.transition(job_id, JobState.CANCELED, [JobState.QUEUED], "canceled before it resumed",
+    if store.cancels.cancel_requested(job_id):  # canceled while its worker was being replaced
+        store.jobs.transition(job_id, JobState.CANCELED, [JobState.QUEUED], "canceled before it resumed",
                          error={"reason": FailureReason.CANCELED.value, "message": "Canceled before it resumed."})
         return "canceled"
     out = settings.job_dir(job_id)
     resume_from = checkpoint.saved_step(out)
     if job.attempt:
-        store.rewind_metrics(job_id, resume_from)
+        store.streams.rewind_metrics(job_id, resume_from)
     device = detect_device()
     attempt = job.attempt + 1
     gpus = pinned_gpus()
     worker = {"host": socket.gethostname(), "pid": os.getpid(), "device": device.describe(), "gpus": gpus}
     owner = f"{worker['host']}:{worker['pid']}"
     on_gpus = f", GPU {','.join(gpus)}" if gpus else ""
-    store.renew_lease(job_id, owner, settings.lease_s)  # before `running`: a reaper never sees one without it
+    store.leases.renew_lease(job_id, owner, settings.lease_s)  # before `running`: a reaper never sees one without it
     resumed = f", resuming from step {resume_from}" if resume_from else ""
-    moved, now_state = store.transition(
+    moved, now_state = store.jobs.transition(
         job_id, JobState.RUNNING, [JobState.QUEUED],
         f"attempt {attempt} on {worker['host']} ({device.kind}{on_gpus}){resumed}",
         started_at=clock.iso(), attempt=attempt, worker=worker,
     )
     if not moved:
         if now_state is not None and now_state.terminal:
-            store.drop_lease(job_id)  # canceled while this worker took it: no attempt runs it
+            store.leases.drop_lease(job_id)  # canceled while this worker took it: no attempt runs it
         return f"skipped: {now_state.value if now_state else 'missing'}"
     limit = TimeLimit.of(job.spec, settings)  # from the moment this worker took the job
     try:
@@ -185,7 +185,7 @@ def _attempt(store: JobStore, job_id: str, settings: Settings) -> str:
     finally:
         set_phase("starting")
         release_memory()  # a canceled or failed job leaves no model in the worker
-        _through_outage(lambda: store.drop_lease(job_id))
+        _through_outage(lambda: store.leases.drop_lease(job_id))
 
 
 def _through_outage(write: Callable[[], T]) -> T:
@@ -220,7 +220,7 @@ def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, s
                 _drain(steps)  # whatever the job's last transition is, its steps are stored first
         except CancelInterrupt:
             where = interrupter.where
-            _through_outage(lambda: store.transition(
+            _through_outage(lambda: store.jobs.transition(
                 job_id, JobState.CANCELED, [JobState.RUNNING], f"canceled while {where}",
                 error={"reason": FailureReason.CANCELED.value, "message": f"Canceled while {where}."}))
             return "canceled"
@@ -239,14 +239,14 @@ def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, s
             board.close()
     done = result.summary.steps_done
     if result.status == "stopped":
-        _through_outage(lambda: store.transition(
+        _through_outage(lambda: store.jobs.transition(
             job_id, JobState.CANCELED, [JobState.RUNNING], f"canceled at step {done}",
             error={"reason": FailureReason.CANCELED.value, "message": f"Canceled at step {done}."}))
         return "canceled"
-    _through_outage(lambda: store.transition(
+    _through_outage(lambda: store.jobs.transition(
         job_id, JobState.SUCCEEDED, [JobState.RUNNING], f"finished {done} steps",
         summary=result.summary.model_dump_json()))
-    _through_outage(lambda: store.count_diagnoses(job_id, [d.code for d in result.summary.diagnoses]))
+    _through_outage(lambda: store.counters.count_diagnoses(job_id, [d.code for d in result.summary.diagnoses]))
     return "succeeded"
 
 
@@ -256,11 +256,11 @@ def _abandon(store: JobStore, job_id: str, kind: type[Interrupted], where: str, 
                  "and is restarted", job_id, STUCK_S, where, STUCK_EXIT_CODE)
     try:
         if kind is CancelInterrupt:
-            store.transition(job_id, JobState.CANCELED, [JobState.RUNNING], f"canceled while {where}",
+            store.jobs.transition(job_id, JobState.CANCELED, [JobState.RUNNING], f"canceled while {where}",
                              error={"reason": FailureReason.CANCELED.value, "message": f"Canceled while {where}."})
         else:
             _fail(store, job_id, FailureReason.TIMEOUT.value, limit.message(f"while {where}"))
-        store.drop_lease(job_id)
+        store.leases.drop_lease(job_id)
     finally:
         logging.shutdown()
         os._exit(STUCK_EXIT_CODE)
@@ -284,6 +284,6 @@ def describe(job_id: str, spec: JobSpec) -> str:
 
 
 def _fail(store: JobStore, job_id: str, reason: str, message: str) -> None:
-    _through_outage(lambda: store.transition(job_id, JobState.FAILED, [JobState.RUNNING],
+    _through_outage(lambda: store.jobs.transition(job_id, JobState.FAILED, [JobState.RUNNING],
                                              f"{reason}: {message}"[:300],
                                              error={"reason": reason, "message": message}))

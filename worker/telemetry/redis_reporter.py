@@ -8,14 +8,12 @@ to resend: a step id Redis already has is refused, and counted as written.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 
 import redis
 
 from app.store import JobStore
-from app.store.keys import STEP_FIELD, after, metrics_key, number_of
 from app.store.rollup import ROLLUP_STEPS, Rollup
 from mpjobs.contract.records import LayerCheck, StepRecord, Summary
 
@@ -41,13 +39,8 @@ class RedisReporter:
     def _resume_partial(self) -> Rollup:
         """Rebuild the unfinished rollup from steps already stored (a resumed attempt)."""
         partial = Rollup()
-        last = self.store.redis.xrevrange(metrics_key(self.job_id), count=1)
-        if not last:
-            return partial
-        last_step = number_of(last[0][0])
-        first = last_step - last_step % ROLLUP_STEPS
-        for _, fields in self.store.redis.xrange(metrics_key(self.job_id), min=after(first), max="+"):
-            partial.add(json.loads(fields[STEP_FIELD]))
+        for record in self.store.streams.unrolled_steps(self.job_id):
+            partial.add(record)
         return partial
 
     def steps(self, records: Sequence[StepRecord]) -> None:
@@ -70,7 +63,7 @@ class RedisReporter:
 
     def _send(self) -> None:
         """Write every pending check, record and rollup in one round trip; raises while Redis is away."""
-        self.store.append_steps(self.job_id, self.pending, self.pending_rollups, self.pending_layers)
+        self.store.streams.append_steps(self.job_id, self.pending, self.pending_rollups, self.pending_layers)
         if self.outage:
             log.warning("redis is back; wrote %d held step records and %d layer checks", len(self.pending),
                         len(self.pending_layers))
@@ -79,9 +72,9 @@ class RedisReporter:
     def summary(self, summary: Summary) -> None:
         codes = {d.code for d in summary.diagnoses}
         try:
-            self.store.set_fields(self.job_id, summary=summary.model_dump_json())
+            self.store.jobs.set_fields(self.job_id, summary=summary.model_dump_json())
             if codes - self.counted:
-                self.store.count_diagnoses(self.job_id, codes)
+                self.store.counters.count_diagnoses(self.job_id, codes)
                 self.counted |= codes
         except UNAVAILABLE:
             self.outage = True  # the next summary, or the final transition, carries it

@@ -17,7 +17,7 @@ from app.api.examples import SPEC_EXAMPLES
 from app.api.params import ID_DESCRIPTION, Cursor, JobIdDep, JobPageLimit
 from app.api.resources import JOB_ERROR_RESPONSES, REDIS_FULL, ErrorBody, JobPage
 from app.core.errors import JobNotFound
-from app.store.keys import is_record_id
+from app.store.ids import is_record_id
 from mpjobs.contract.jobs import JobRecord, JobState
 from mpjobs.contract.spec import JobSpec
 

@@ -49,7 +49,7 @@ async def export_metrics(job_id: JobIdDep, store: StoreDep, tenant: TenantDep) -
     a row per step in step order (null is an empty cell, booleans true/false). A running job's export holds
     the steps stored when each chunk was read."""
     await run_in_threadpool(services.get, store, job_id, tenant)
-    return StreamingResponse(csv_chunks(store, job_id), media_type="text/csv; charset=utf-8",
+    return StreamingResponse(csv_chunks(store.history, job_id), media_type="text/csv; charset=utf-8",
                              headers={"Content-Disposition": f'attachment; filename="{job_id}-metrics.csv"'})
 
 
@@ -74,7 +74,7 @@ async def stream_metrics(
     start = last_event_id if last_event_id is not None else (after or 0)
     return StreamingResponse(
         stream_job(request.app.state.aredis, job_id, start, request.is_disconnected,
-                   archived=partial(run_in_threadpool, store.archived_history, job_id)),
+                   archived=partial(run_in_threadpool, store.history.archived_history, job_id)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -32,7 +32,7 @@ class ServiceCollector:
 
     def collect(self) -> Iterator[Metric]:
         jobs = GaugeMetricFamily("mpjobs_jobs", "Jobs in each state, over all tenants.", labels=["state"])
-        for state, count in self.store.jobs_by_state().items():
+        for state, count in self.store.counters.jobs_by_state().items():
             jobs.add_metric([state.value], count)
         yield jobs
 
@@ -52,7 +52,7 @@ class ServiceCollector:
             workers.add_metric([kind], count)
         yield workers
 
-        stats = self.store.stats()
+        stats = self.store.counters.stats()
         yield CounterMetricFamily("mpjobs_steps", "Optimizer steps recorded (recomputed steps after a resume "
                                   "count again).", value=stats.get("steps", 0))
         yield CounterMetricFamily("mpjobs_skipped_steps", "Steps whose update was skipped for non-finite "
@@ -74,9 +74,9 @@ class ServiceCollector:
         speed = GaugeMetricFamily("mpjobs_running_examples_per_second",
                                   "Examples per second at the latest step of each running job.",
                                   labels=["job_id", "precision_policy"])
-        running = sorted(self.store.running_ids())
-        latest = self.store.latest_records(running)
-        for job in self.store.get_many(running):
+        running = sorted(self.store.leases.running_ids())
+        latest = self.store.streams.latest_records(running)
+        for job in self.store.jobs.get_many(running):
             if job is not None and job.state is JobState.RUNNING and job.id in latest:
                 speed.add_metric([job.id, job.spec.precision_policy.value], latest[job.id].examples_per_sec)
         yield speed

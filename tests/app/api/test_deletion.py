@@ -11,7 +11,8 @@ import pytest
 import redis
 from redis import Redis
 
-from app.api import purge, services
+from app.api import deletion as purge
+from app.api import services
 from app.core.config import Settings
 from app.core.errors import ComparisonNotEnded, JobInComparison, JobNotEnded, JobNotFound, JobStillHeld
 from app.store import JobStore
@@ -62,7 +63,7 @@ def spec(steps: int = STEPS) -> JobSpec:
 def queued_job(store: JobStore, rq: Redis, tenant: str = TENANT) -> str:
     """A job with its RQ job in the `cpu` queue, as `POST /jobs` writes it."""
     s = spec()
-    job_id, _ = store.create(s, tenant, queues.queue_for(s),
+    job_id, _ = store.jobs.create(s, tenant, queues.queue_for(s),
                              lambda job_id, pipe: queues.enqueue(rq, s, job_id, pipe), rq.pipeline(transaction=True))
     return job_id
 
@@ -70,8 +71,8 @@ def queued_job(store: JobStore, rq: Redis, tenant: str = TENANT) -> str:
 def run(store: JobStore, job_id: str, settings: Settings) -> None:
     """Take the job and train it as a worker would: a lease, every step with its rollups and a layer
     check, a phase, the job's folder (checkpoint, model, TensorBoard, archived history)."""
-    store.renew_lease(job_id, "host:1", 30)
-    assert store.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "attempt 1", attempt=1)[0]
+    store.leases.renew_lease(job_id, "host:1", 30)
+    assert store.jobs.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "attempt 1", attempt=1)[0]
     records = [record(s) for s in range(1, STEPS + 1)]
     rollups = []
     for index in range(STEPS // ROLLUP_STEPS):
@@ -79,8 +80,8 @@ def run(store: JobStore, job_id: str, settings: Settings) -> None:
         for r in records[index * ROLLUP_STEPS:(index + 1) * ROLLUP_STEPS]:
             rollup.add(r.model_dump())
         rollups.append((index + 1, rollup))
-    store.append_steps(job_id, records, rollups, [check(1), check(ROLLUP_STEPS)])
-    store.set_fields(job_id, phase="training")
+    store.streams.append_steps(job_id, records, rollups, [check(1), check(ROLLUP_STEPS)])
+    store.jobs.set_fields(job_id, phase="training")
     folder = settings.job_dir(job_id)
     for name in ("checkpoint/weights.h5", "model.keras", "tensorboard/events.out", "history/metrics.parquet"):
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
@@ -91,10 +92,10 @@ def end(store: JobStore, job_id: str) -> None:
     """The attempt's last transition, its diagnoses counted, its lease dropped."""
     summary = Summary(steps_done=STEPS, final_loss=1.0, skipped_steps=0, loss_scale_min=1.0, loss_scale_max=1.0,
                       loss_scale_final=1.0, peak_zero_grad_fraction=0.0, mean_examples_per_sec=1.0, diagnoses=[])
-    assert store.transition(job_id, JobState.SUCCEEDED, [JobState.RUNNING], "finished",
+    assert store.jobs.transition(job_id, JobState.SUCCEEDED, [JobState.RUNNING], "finished",
                             summary=summary.model_dump_json())[0]
-    store.count_diagnoses(job_id, ["gradient_underflow"])
-    store.drop_lease(job_id)
+    store.counters.count_diagnoses(job_id, ["gradient_underflow"])
+    store.leases.drop_lease(job_id)
 
 
 def ended_job(store: JobStore, rq: Redis, settings: Settings, tenant: str = TENANT) -> str:
@@ -152,7 +153,7 @@ def test_a_purge_leaves_no_key_no_member_no_rq_record_and_no_folder_of_the_job(
     assert not settings.job_dir(job_id).exists()
     assert {k: v for k, v in snapshot(server).items() if kept.encode() in k} == kept_before
     assert settings.model_path(kept).is_file()
-    assert [job.id for job in store.list(TENANT, None, 10, None)[0]] == [kept]
+    assert [job.id for job in store.jobs.list(TENANT, None, 10, None)[0]] == [kept]
     with pytest.raises(JobNotFound):
         purge.purge_job(store, rq, settings, job_id, TENANT)
 
@@ -164,12 +165,12 @@ def test_a_purge_of_an_archived_job_leaves_no_key_no_member_and_no_folder_of_it(
     assert Archiver(archiving, retention_s=0).archive(job_id) == "archived"
     history = settings.job_dir(job_id) / "history"
     assert pq.read_table(history / METRICS_FILE).num_rows == STEPS, "a real archive, not the planted file"
-    assert archiving.read_metrics(job_id, 0, 10).points[0].step == 1, "read from the archive"
+    assert archiving.history.read_metrics(job_id, 0, 10).points[0].step == 1, "read from the archive"
     assert not store.redis.exists(metrics_key(job_id)) and len(traces(server, job_id)) >= 5
     purge.purge_job(store, rq, settings, job_id, TENANT)
     assert traces(server, job_id) == []
     assert not history.exists() and not settings.job_dir(job_id).exists()
-    assert store.redis.zscore(ENDED, job_id) is None and archiving.archive_info(job_id) is None
+    assert store.redis.zscore(ENDED, job_id) is None and archiving.history.archive_info(job_id) is None
 
 
 def test_another_tenant_gets_not_found_and_the_job_stays_whole(
@@ -181,7 +182,7 @@ def test_another_tenant_gets_not_found_and_the_job_stays_whole(
     assert str(refused.value) == str(JobNotFound(job_id)) == f"No job with id {job_id!r}."
     assert snapshot(server) == before and settings.model_path(job_id).is_file()
     # The script checks the tenant itself, whatever the caller read before.
-    assert store.purge(OTHER, [job_id], services.CACHED_VIEW_SIZES).reason == "missing"  # type: ignore[union-attr]
+    assert store.purges.purge(OTHER, [job_id], services.CACHED_VIEW_SIZES).reason == "missing"  # type: ignore[union-attr]
     assert snapshot(server) == before
 
 
@@ -195,7 +196,7 @@ def test_a_job_that_has_not_ended_is_refused_and_stays_whole(
     with pytest.raises(JobNotEnded, match=rf"is {state.value}; only an ended job can be deleted. Cancel it first "
                                           rf"\(DELETE /jobs/{job_id}\).*Nothing was deleted."):
         purge.purge_job(store, rq, settings, job_id, TENANT)
-    assert store.purge(TENANT, [job_id], services.CACHED_VIEW_SIZES).reason == "active"  # type: ignore[union-attr]
+    assert store.purges.purge(TENANT, [job_id], services.CACHED_VIEW_SIZES).reason == "active"  # type: ignore[union-attr]
     assert snapshot(server) == before
 
 
@@ -205,7 +206,7 @@ def test_an_ended_job_whose_attempt_still_holds_its_lease_waits_for_it_then_is_r
     job_id = queued_job(store, rq)
     run(store, job_id, settings)
     end(store, job_id)
-    store.renew_lease(job_id, "host:1", 30)  # a worker that ended the job but has not let go of it
+    store.leases.renew_lease(job_id, "host:1", 30)  # a worker that ended the job but has not let go of it
     monkeypatch.setattr(purge, "SETTLE_S", 0.2)
     before = snapshot(server)
     with pytest.raises(JobStillHeld, match="has not let go of it yet"):
@@ -213,7 +214,7 @@ def test_an_ended_job_whose_attempt_still_holds_its_lease_waits_for_it_then_is_r
     assert snapshot(server) == before
     # A lease that lapses while the delete waits: the delete goes through.
     monkeypatch.setattr(purge, "SETTLE_S", 10.0)
-    store.renew_lease(job_id, "host:1", 0.3)
+    store.leases.renew_lease(job_id, "host:1", 0.3)
     purge.purge_job(store, rq, settings, job_id, TENANT)
     assert traces(server, job_id) == []
 
@@ -221,7 +222,7 @@ def test_an_ended_job_whose_attempt_still_holds_its_lease_waits_for_it_then_is_r
 def comparison(store: JobStore, rq: Redis, tenant: str = TENANT) -> str:
     cmp_spec = ComparisonSpec.model_validate({"spec": {"model": {"name": "mlp"}, "training": {"steps": STEPS}}})
     jobs = [(job_spec, queues.queue_for(job_spec)) for job_spec in cmp_spec.job_specs()]
-    comparison_id, _ = store.create_comparison(
+    comparison_id, _ = store.comparisons.create_comparison(
         cmp_spec, tenant, jobs, lambda job_id, job_spec, pipe: queues.enqueue(rq, job_spec, job_id, pipe),
         rq.pipeline(transaction=True))
     return comparison_id
@@ -230,7 +231,7 @@ def comparison(store: JobStore, rq: Redis, tenant: str = TENANT) -> str:
 def test_a_comparisons_job_goes_only_with_the_comparison_and_then_all_of_them_go(
         server: RedisServer, store: JobStore, rq: Redis, settings: Settings) -> None:
     comparison_id = comparison(store, rq)
-    job_ids = store.get_comparison(comparison_id, TENANT).job_ids  # type: ignore[union-attr]
+    job_ids = store.comparisons.get_comparison(comparison_id, TENANT).job_ids  # type: ignore[union-attr]
     for job_id in job_ids[1:]:
         run(store, job_id, settings)
         end(store, job_id)
@@ -240,11 +241,11 @@ def test_a_comparisons_job_goes_only_with_the_comparison_and_then_all_of_them_go
     with pytest.raises(JobInComparison, match=rf"DELETE /comparisons/{comparison_id}\?purge=true"):
         purge.purge_job(store, rq, settings, job_ids[1], TENANT)
     assert snapshot(server) == before
-    store.transition(job_ids[0], JobState.CANCELED, [JobState.QUEUED], "canceled")
+    store.jobs.transition(job_ids[0], JobState.CANCELED, [JobState.QUEUED], "canceled")
     with pytest.raises(JobNotFound):
         purge.purge_comparison(store, rq, settings, comparison_id, OTHER)
     purge.purge_comparison(store, rq, settings, comparison_id, TENANT)
-    assert traces(server, comparison_id) == [] and store.list_comparisons(TENANT, 10, None)[0] == []
+    assert traces(server, comparison_id) == [] and store.comparisons.list_comparisons(TENANT, 10, None)[0] == []
     for job_id in job_ids:
         assert traces(server, job_id) == [] and not settings.job_dir(job_id).exists()
 
@@ -266,7 +267,7 @@ def test_a_create_that_redis_refuses_as_out_of_memory_writes_nothing(
     store.redis.config_set("maxmemory", used + 600_000)
     big = JobSpec.model_validate({"model": {"keras_json": padded_keras_json(900_000), "loss": "huber"}})
     with pytest.raises(redis.exceptions.OutOfMemoryError):  # the record's HSET is over: the EXEC is refused whole
-        store.create(big, TENANT, "cpu", lambda job_id, pipe: queues.enqueue(rq, big, job_id, pipe),
+        store.jobs.create(big, TENANT, "cpu", lambda job_id, pipe: queues.enqueue(rq, big, job_id, pipe),
                      rq.pipeline(transaction=True))
     after = snapshot(server)
     after.pop(b"mpjobs:seq"), before.pop(b"mpjobs:seq")  # the creation counter may move: it numbers, holds nothing
@@ -285,7 +286,7 @@ def test_a_late_write_does_not_bring_a_purged_job_back(
         server: RedisServer, store: JobStore, rq: Redis, settings: Settings) -> None:
     job_id = ended_job(store, rq, settings)
     purge.purge_job(store, rq, settings, job_id, TENANT)
-    store.rewind_metrics(job_id, keep_step=10)  # a resumed attempt that read the job just before it went
-    store.count_diagnoses(job_id, ["nan_loss"])
-    assert traces(server, job_id) == [] and store.get(job_id) is None
+    store.streams.rewind_metrics(job_id, keep_step=10)  # a resumed attempt that read the job just before it went
+    store.counters.count_diagnoses(job_id, ["nan_loss"])
+    assert traces(server, job_id) == [] and store.jobs.get(job_id) is None
     assert not store.redis.exists(job_key(job_id), lease_key(job_id))

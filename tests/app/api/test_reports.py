@@ -181,9 +181,9 @@ def test_the_report_follows_its_jobs_records_on_every_read(store: JobStore) -> N
     """A comparison's report is never stale: each read sees the variant jobs as they are now."""
     spec = ComparisonSpec.model_validate({"spec": {"model": {"name": "mlp"}}, "variants": [
         {"precision_policy": "float32"}, {"precision_policy": "mixed_bfloat16"}]})
-    comparison_id, _ = store.create_comparison(spec, "t-stale", [(s, "any") for s in spec.job_specs()],
+    comparison_id, _ = store.comparisons.create_comparison(spec, "t-stale", [(s, "any") for s in spec.job_specs()],
                                                lambda job_id, job_spec, pipe: None, store.redis.pipeline())
-    record = store.get_comparison(comparison_id, "t-stale")
+    record = store.comparisons.get_comparison(comparison_id, "t-stale")
     assert record is not None
     base_id, bf16_id = record.job_ids
 
@@ -192,20 +192,20 @@ def test_the_report_follows_its_jobs_records_on_every_read(store: JobStore) -> N
 
     assert [v.state for v in read().variants] == [JobState.QUEUED, JobState.QUEUED]
     for job_id in (base_id, bf16_id):
-        store.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "started")
+        store.jobs.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "started")
     running = read()
     assert [v.state for v in running.variants] == [JobState.RUNNING, JobState.RUNNING]
     assert running.verdict == "0 of 2 variants finished; the verdict comes when all have."
 
-    store.transition(base_id, JobState.SUCCEEDED, [JobState.RUNNING], "finished", summary=finished_summary(1.0))
-    store.transition(bf16_id, JobState.SUCCEEDED, [JobState.RUNNING], "finished", summary=finished_summary(1.5))
+    store.jobs.transition(base_id, JobState.SUCCEEDED, [JobState.RUNNING], "finished", summary=finished_summary(1.0))
+    store.jobs.transition(bf16_id, JobState.SUCCEEDED, [JobState.RUNNING], "finished", summary=finished_summary(1.5))
     ended = read()
     assert ended.state == "done" and [v.final_loss for v in ended.variants] == [1.0, 1.5]
     assert ended.variants[1].loss_gap == 0.5
     assert ended.verdict == ("mixed_bfloat16 ends +50% from float32's loss, speed not measured. "
                              "No variant matched float32's loss within 2%: keep float32.")
 
-    store.set_fields(bf16_id, summary=finished_summary(1.25))  # the record changes: the next read shows it
+    store.jobs.set_fields(bf16_id, summary=finished_summary(1.25))  # the record changes: the next read shows it
     changed = read()
     assert [v.final_loss for v in changed.variants] == [1.0, 1.25]
     assert changed.variants[1].loss_gap == 0.25

@@ -49,10 +49,10 @@ def layer_checks(steps: list[StepRecord], every: int) -> list[LayerCheck]:
 def ended_job(store: JobStore, steps: int, seed: int = 0, check_every: int = 10, state: JobState = JobState.SUCCEEDED,
               skip: frozenset[int] = frozenset(), tenant: str = "t") -> tuple[str, list[StepRecord], list[LayerCheck]]:
     """A job created, run and ended through the store, its history written by the worker's RedisReporter."""
-    job_id, _ = store.create(SPEC, tenant, "cpu", lambda _id, _pipe: None, store.redis.pipeline(transaction=True))
+    job_id, _ = store.jobs.create(SPEC, tenant, "cpu", lambda _id, _pipe: None, store.redis.pipeline(transaction=True))
     # A lease as a worker holds one: without it a running reaper requeues the job while its history is written.
-    store.renew_lease(job_id, "tests:history", 3600)
-    store.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "attempt 1", attempt=1)
+    store.leases.renew_lease(job_id, "tests:history", 3600)
+    store.jobs.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "attempt 1", attempt=1)
     written, checks = records(steps, seed, skip), []
     reporter = RedisReporter(store, job_id)
     for first in range(0, len(written), 256):
@@ -66,7 +66,8 @@ def ended_job(store: JobStore, steps: int, seed: int = 0, check_every: int = 10,
     summary = Summary(steps_done=steps, final_loss=0.5, skipped_steps=sum(r.skipped for r in written),
                       loss_scale_min=1.0, loss_scale_max=2.0, loss_scale_final=2.0, peak_zero_grad_fraction=0.1,
                       mean_examples_per_sec=1.0)
-    moved, previous = store.transition(job_id, state, [JobState.RUNNING], "ended", summary=summary.model_dump_json())
+    moved, previous = store.jobs.transition(job_id, state, [JobState.RUNNING], "ended",
+                                            summary=summary.model_dump_json())
     assert moved, previous
-    store.drop_lease(job_id)
+    store.leases.drop_lease(job_id)
     return job_id, written, checks

@@ -47,19 +47,19 @@ def every_read(store: JobStore, job_id: str) -> dict[str, object]:
         after: int | None = 0
         pages = []
         while after is not None:
-            page = store.read_metrics(job_id, after, limit)
+            page = store.history.read_metrics(job_id, after, limit)
             pages.append(page.model_dump())
             after = page.next_after
             if len(pages) > 60:
                 break
         reads[f"pages of {limit}"] = pages
-    last = store.read_buckets(job_id, 1).total_steps
+    last = store.history.read_buckets(job_id, 1).total_steps
     for after_step in (0, 1, 63, 64, 65, 4095, 4097, 9_999, 10_000, 20_000, last - 101, last - 100, last - 99):
-        reads[f"page after {after_step}"] = store.read_metrics(job_id, after_step, 100).model_dump()
-        reads[f"layers after {after_step}"] = store.read_layers(job_id, after_step, 3).model_dump()
+        reads[f"page after {after_step}"] = store.history.read_metrics(job_id, after_step, 100).model_dump()
+        reads[f"layers after {after_step}"] = store.history.read_layers(job_id, after_step, 3).model_dump()
     for max_points in (1, 3, 7, 500, 1000, 10_000):
-        reads[f"view {max_points}"] = store.read_buckets(job_id, max_points).model_dump()
-    reads["all layers"] = store.read_layers(job_id, 0, 10_000).model_dump()
+        reads[f"view {max_points}"] = store.history.read_buckets(job_id, max_points).model_dump()
+    reads["all layers"] = store.history.read_layers(job_id, 0, 10_000).model_dump()
     return reads
 
 
@@ -71,14 +71,14 @@ def test_every_read_is_the_same_from_the_archive_as_from_redis(store: JobStore, 
     r = store.redis
     assert not r.exists(metrics_key(job_id), rollup_key(job_id), layers_key(job_id)), "the streams are gone"
     assert r.zscore(ENDED, job_id) is None
-    info = store.archive_info(job_id)
+    info = store.history.archive_info(job_id)
     assert info is not None and (info.steps, info.layer_checks) == (len(written), len(checks))
     assert info.rollups == steps // 64 and info.dir == f"{job_id}/history"
-    store.histories = type(store.histories)()  # a fresh API process: nothing cached
+    store.history.archives = type(store.history.archives)()  # a fresh API process: nothing cached
     assert every_read(store, job_id) == before
     # ...and what was written, independently of both readers: every field of every step and check.
-    assert store.read_metrics(job_id, 0, 10_000).points == written
-    assert store.read_layers(job_id, 0, 10_000).checks == checks
+    assert store.history.read_metrics(job_id, 0, 10_000).points == written
+    assert store.history.read_layers(job_id, 0, 10_000).checks == checks
     assert before["page after 0"]["missing_steps"] == [(5, 6)]  # type: ignore[index]
 
 
@@ -117,15 +117,15 @@ def test_archiving_twice_changes_nothing(store: JobStore) -> None:
 def test_every_way_a_job_ends_puts_it_where_the_sweep_finds_it(store: JobStore) -> None:
     succeeded, _, _ = ended_job(store, 10)
     failed, _, _ = ended_job(store, 10, state=JobState.FAILED)
-    canceled, _ = store.create(SPEC, "t", "cpu", lambda _i, _p: None,
+    canceled, _ = store.jobs.create(SPEC, "t", "cpu", lambda _i, _p: None,
                             store.redis.pipeline(transaction=True))
-    store.transition(canceled, JobState.CANCELED, [JobState.QUEUED], "canceled before it started")
+    store.jobs.transition(canceled, JobState.CANCELED, [JobState.QUEUED], "canceled before it started")
     lost, _, _ = ended_job(store, 10, state=JobState.RUNNING)  # its worker died on its last attempt
-    store.set_fields(lost, attempt=3)
-    assert store.reap(lost, max_attempts=3) == "failed"
-    running, _ = store.create(SPEC, "t", "cpu", lambda _i, _p: None,
+    store.jobs.set_fields(lost, attempt=3)
+    assert store.leases.reap(lost, max_attempts=3) == "failed"
+    running, _ = store.jobs.create(SPEC, "t", "cpu", lambda _i, _p: None,
                            store.redis.pipeline(transaction=True))
-    store.transition(running, JobState.RUNNING, [JobState.QUEUED], "attempt 1")
+    store.jobs.transition(running, JobState.RUNNING, [JobState.QUEUED], "attempt 1")
     assert set(store.redis.zrange(ENDED, 0, -1)) == {succeeded, failed, canceled, lost}
 
 
@@ -140,7 +140,7 @@ def test_the_sweep_archives_only_jobs_whose_retention_has_passed(store: JobStore
     archiver = Archiver(store, retention_s=3600)
     assert archiver.due() == [old]
     assert archiver.sweep() == [old]
-    assert store.archive_info(old) is not None and store.archive_info(recent) is None
+    assert store.history.archive_info(old) is not None and store.history.archive_info(recent) is None
     assert store.redis.exists(metrics_key(recent)) and archiver.sweep() == []
 
 
@@ -157,7 +157,7 @@ def test_two_workers_sweeping_at_once_archive_each_job_exactly_once(store: JobSt
     for t in threads:
         t.join(60)
     assert sorted(outcomes[0] + outcomes[1]) == sorted(jobs), "each job archived by exactly one sweeper"
-    assert all(store.archive_info(job_id) is not None for job_id in jobs)
+    assert all(store.history.archive_info(job_id) is not None for job_id in jobs)
     assert store.redis.zcard(ENDED) == 0 and not store.redis.keys("*:archiving")
 
 
@@ -165,7 +165,7 @@ def test_a_job_another_worker_claimed_is_left_to_it(store: JobStore) -> None:
     job_id, _, _ = ended_job(store, 50)
     store.redis.set(archive_claim_key(job_id), "another worker", px=60_000)
     assert Archiver(store, retention_s=0).archive(job_id) == "claimed"
-    assert store.archive_info(job_id) is None and store.redis.exists(metrics_key(job_id))
+    assert store.history.archive_info(job_id) is None and store.redis.exists(metrics_key(job_id))
     assert store.redis.get(archive_claim_key(job_id)) == "another worker", "its claim is not ours to drop"
 
 
@@ -174,13 +174,13 @@ def test_a_step_written_while_the_history_is_read_stops_the_trim(store: JobStore
     late = written[-1].model_copy(update={"step": 101})
 
     def late_write(jid: str) -> None:  # a zombie attempt's step, after the archive read the streams
-        store.append_steps(jid, [late], [])
+        store.streams.append_steps(jid, [late], [])
 
     assert Archiver(store, retention_s=0, before_trim=late_write).archive(job_id) == "changed"
-    assert store.archive_info(job_id) is None and store.redis.zscore(ENDED, job_id) is not None
-    assert store.read_metrics(job_id, 0, 1000).points == [*written, late], "nothing was removed"
+    assert store.history.archive_info(job_id) is None and store.redis.zscore(ENDED, job_id) is not None
+    assert store.history.read_metrics(job_id, 0, 1000).points == [*written, late], "nothing was removed"
     assert Archiver(store, retention_s=0).archive(job_id) == "archived"
-    assert store.read_metrics(job_id, 0, 1000).points == [*written, late]
+    assert store.history.read_metrics(job_id, 0, 1000).points == [*written, late]
 
 
 def test_steps_rewound_and_rewritten_while_the_history_is_read_stop_the_trim(store: JobStore) -> None:
@@ -188,14 +188,14 @@ def test_steps_rewound_and_rewritten_while_the_history_is_read_stop_the_trim(sto
     again = records(60, seed=1)[30:]  # a resumed attempt's steps 31..60: as many, the same ids, other values
 
     def rewrite(jid: str) -> None:
-        store.rewind_metrics(jid, keep_step=30)
-        store.append_steps(jid, again, [])
+        store.streams.rewind_metrics(jid, keep_step=30)
+        store.streams.append_steps(jid, again, [])
         assert store.redis.xlen(metrics_key(jid)) == 60
 
     assert Archiver(store, retention_s=0, before_trim=rewrite).archive(job_id) == "changed"
-    assert store.archive_info(job_id) is None
+    assert store.history.archive_info(job_id) is None
     assert Archiver(store, retention_s=0).archive(job_id) == "archived"
-    assert store.read_metrics(job_id, 0, 1000).points == [*written[:30], *again]
+    assert store.history.read_metrics(job_id, 0, 1000).points == [*written[:30], *again]
 
 
 def test_a_job_deleted_while_it_is_archived_leaves_no_files(store: JobStore) -> None:
@@ -227,7 +227,7 @@ def test_a_job_deleted_while_it_is_archived_keeps_its_other_files(store: JobStor
 def test_a_running_job_is_never_archived(store: JobStore) -> None:
     job_id, _, _ = ended_job(store, 20, state=JobState.RUNNING)
     assert Archiver(store, retention_s=0).archive(job_id) == "not ended"
-    assert store.redis.exists(metrics_key(job_id)) and store.archive_info(job_id) is None
+    assert store.redis.exists(metrics_key(job_id)) and store.history.archive_info(job_id) is None
 
 
 def test_the_record_describes_its_archive(store: JobStore) -> None:
@@ -238,12 +238,13 @@ def test_the_record_describes_its_archive(store: JobStore) -> None:
 
 
 def test_a_job_without_history_leaves_ended_and_no_files(store: JobStore) -> None:
-    job_id, _ = store.create(SPEC, "t", "cpu", lambda _i, _p: None, store.redis.pipeline(transaction=True))
-    store.transition(job_id, JobState.CANCELED, [JobState.QUEUED], "canceled before it started")
+    job_id, _ = store.jobs.create(SPEC, "t", "cpu", lambda _i, _p: None, store.redis.pipeline(transaction=True))
+    store.jobs.transition(job_id, JobState.CANCELED, [JobState.QUEUED], "canceled before it started")
     assert Archiver(store, retention_s=0).archive(job_id) == "no history"
-    assert store.redis.zscore(ENDED, job_id) is None and store.archive_info(job_id) is None
+    assert store.redis.zscore(ENDED, job_id) is None and store.history.archive_info(job_id) is None
     assert not (store.artifacts_dir / job_id).exists()  # type: ignore[operator]
-    assert store.read_metrics(job_id, 0, 10).points == [] and store.read_buckets(job_id, 500).buckets == []
+    assert store.history.read_metrics(job_id, 0, 10).points == []
+    assert store.history.read_buckets(job_id, 500).buckets == []
 
 
 def test_jobs_that_ended_before_the_index_existed_are_indexed_by_the_first_sweep(store: JobStore) -> None:

@@ -61,13 +61,13 @@ def test_an_archive_frees_a_redis_that_is_over_its_maxmemory(store: JobStore, li
 
     assert Archiver(store, retention_s=0).archive(job_id) == "archived"
     assert not r.exists(*history_keys(job_id)) and r.zscore(ENDED, job_id) is None
-    assert store.archive_info(job_id) is not None and r.hget(job_key(job_id), "state") == "succeeded"
+    assert store.history.archive_info(job_id) is not None and r.hget(job_key(job_id), "state") == "succeeded"
     assert held - used(r) > 0.7 * streams > 1_000_000, (held, used(r), streams)  # measured: 0.8 to 0.9
     assert refuses_writes(r) == (limit == "far under")
-    store.histories = type(store.histories)()  # read from the files, not from what the archiver parsed
+    store.history.archives = type(store.history.archives)()  # read from the files, not from what the archiver parsed
     assert every_read(store, job_id) == before
-    assert store.read_metrics(job_id, 0, 10_000).points == written
-    assert store.read_layers(job_id, 0, 10_000).checks == checks
+    assert store.history.read_metrics(job_id, 0, 10_000).points == written
+    assert store.history.read_layers(job_id, 0, 10_000).checks == checks
 
 
 def test_a_trim_that_redis_refuses_removes_nothing_and_names_the_reason(

@@ -24,7 +24,7 @@ def write(store: JobStore, job_id: str, steps: int) -> list[StepRecord]:
         if r.step % ROLLUP_STEPS == 0:
             rollups.append((r.step // ROLLUP_STEPS, partial))
             partial = Rollup()
-    store.append_steps(job_id, records, rollups)
+    store.streams.append_steps(job_id, records, rollups)
     return records
 
 
@@ -42,7 +42,7 @@ def expected(records: list[StepRecord], first: int, last: int) -> dict[str, tupl
 def test_buckets_cover_every_step_exactly(store: JobStore, steps: int, max_points: int) -> None:
     job_id = f"b{steps}-{max_points}"
     records = write(store, job_id, steps)
-    view = store.read_buckets(job_id, max_points)
+    view = store.history.read_buckets(job_id, max_points)
     assert view.total_steps == steps and 1 <= len(view.buckets) <= max_points
     assert view.buckets[0].first_step == 1 and view.buckets[-1].last_step == steps
     assert sum(b.steps for b in view.buckets) == steps

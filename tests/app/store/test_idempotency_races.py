@@ -97,4 +97,4 @@ def test_a_key_rewritten_under_every_read_is_a_503_that_writes_nothing(
                                                             names: f"rival-{READS}"}).encode()
     after.pop(b"mpjobs:seq", None), before.pop(b"mpjobs:seq", None)  # the creation counter: it numbers, holds nothing
     assert after == before  # no job, comparison, index entry or RQ job: every EXEC was refused whole
-    assert store.list_comparisons(TENANT, 10, None)[0] == []
+    assert store.comparisons.list_comparisons(TENANT, 10, None)[0] == []

@@ -29,22 +29,22 @@ def check(step: int, underflow: str | None = "conv3d_1") -> LayerCheck:
 
 def test_checks_are_written_with_their_batch_and_read_back_in_step_order(store: JobStore) -> None:
     job_id = job_with_steps(store, [])
-    store.append_steps(job_id, [record(s) for s in range(1, 4)], [], [check(1)])
-    store.append_steps(job_id, [record(s) for s in range(4, 7)], [], [check(5, underflow=None)])
-    page = store.read_layers(job_id, after_step=0, limit=100)
+    store.streams.append_steps(job_id, [record(s) for s in range(1, 4)], [], [check(1)])
+    store.streams.append_steps(job_id, [record(s) for s in range(4, 7)], [], [check(5, underflow=None)])
+    page = store.history.read_layers(job_id, after_step=0, limit=100)
     assert page.checks == [check(1), check(5, underflow=None)] and page.next_after is None
-    assert [c.step for c in store.read_layers(job_id, after_step=1, limit=100).checks] == [5]
-    assert store.read_layers(job_id, after_step=5, limit=100).checks == []
+    assert [c.step for c in store.history.read_layers(job_id, after_step=1, limit=100).checks] == [5]
+    assert store.history.read_layers(job_id, after_step=5, limit=100).checks == []
 
 
 def test_a_resent_batch_writes_each_check_and_step_once(store: JobStore) -> None:
     job_id = job_with_steps(store, [])
     batch = [record(s) for s in range(1, 4)]
     steps_before = int(store.redis.hget(STATS, "steps") or 0)
-    store.append_steps(job_id, batch, [], [check(1)])
-    store.append_steps(job_id, batch, [], [check(1)])  # the connection dropped after Redis wrote it
-    store.append_steps(job_id, [*batch, record(4)], [], [check(1), check(4)])  # held, then sent with the next
-    assert [c.step for c in store.read_layers(job_id, 0, 100).checks] == [1, 4]
+    store.streams.append_steps(job_id, batch, [], [check(1)])
+    store.streams.append_steps(job_id, batch, [], [check(1)])  # the connection dropped after Redis wrote it
+    store.streams.append_steps(job_id, [*batch, record(4)], [], [check(1), check(4)])  # held, then sent with the next
+    assert [c.step for c in store.history.read_layers(job_id, 0, 100).checks] == [1, 4]
     assert store.redis.xlen(layers_key(job_id)) == 2
     assert int(store.redis.hget(STATS, "steps") or 0) - steps_before == 4
 
@@ -52,12 +52,13 @@ def test_a_resent_batch_writes_each_check_and_step_once(store: JobStore) -> None
 def test_a_rewind_drops_the_checks_after_the_checkpoint_and_the_resumed_attempt_writes_them_once(
         store: JobStore) -> None:
     job_id = job_with_steps(store, [])
-    store.append_steps(job_id, [record(s) for s in range(1, 31)], [], [check(1), check(10), check(20), check(30)])
-    removed = store.rewind_metrics(job_id, keep_step=15)
+    store.streams.append_steps(job_id, [record(s) for s in range(1, 31)], [],
+                               [check(1), check(10), check(20), check(30)])
+    removed = store.streams.rewind_metrics(job_id, keep_step=15)
     assert removed == 15 + 2  # steps 16-30 and the checks at 20 and 30
-    assert [c.step for c in store.read_layers(job_id, 0, 100).checks] == [1, 10]
-    store.append_steps(job_id, [record(s) for s in range(16, 31)], [], [check(20, underflow=None), check(30)])
-    checks = store.read_layers(job_id, 0, 100).checks
+    assert [c.step for c in store.history.read_layers(job_id, 0, 100).checks] == [1, 10]
+    store.streams.append_steps(job_id, [record(s) for s in range(16, 31)], [], [check(20, underflow=None), check(30)])
+    checks = store.history.read_layers(job_id, 0, 100).checks
     assert [c.step for c in checks] == [1, 10, 20, 30]
     assert checks[2].underflow_layer is None, "the resumed attempt's check, not the lost one's"
 
@@ -65,7 +66,7 @@ def test_a_rewind_drops_the_checks_after_the_checkpoint_and_the_resumed_attempt_
 def test_pages_follow_next_after_to_the_last_check(store: JobStore) -> None:
     job_id = job_with_steps(store, [])
     steps = [1, 100, 200, 300, 400]
-    store.append_steps(job_id, [record(s) for s in range(1, 401)], [], [check(s) for s in steps])
+    store.streams.append_steps(job_id, [record(s) for s in range(1, 401)], [], [check(s) for s in steps])
     seen, after, pages = [], 0, 0
     while after is not None:
         page = services.layers(store, job_id, TENANT, after, limit=2)
@@ -78,7 +79,7 @@ def test_pages_follow_next_after_to_the_last_check(store: JobStore) -> None:
 
 def test_another_tenant_s_job_has_no_layers(store: JobStore) -> None:
     job_id = job_with_steps(store, [1])
-    store.append_steps(job_id, [record(2)], [], [check(2)])
+    store.streams.append_steps(job_id, [record(2)], [], [check(2)])
     with pytest.raises(JobNotFound):
         services.layers(store, job_id, "someone-else", 0, 100)
     with pytest.raises(JobNotFound):

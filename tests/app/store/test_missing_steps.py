@@ -34,16 +34,17 @@ def record(step: int) -> StepRecord:
 
 def job_with_steps(store: JobStore, stored: list[int]) -> str:
     spec = JobSpec.model_validate({"model": {"name": "mlp"}, "training": {"steps": 10}})
-    job_id, _ = store.create(spec, TENANT, "cpu", lambda job_id, pipe: None, store.redis.pipeline(transaction=True))
-    store.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "running")
-    store.append_steps(job_id, [record(s) for s in stored], [])
+    job_id, _ = store.jobs.create(spec, TENANT, "cpu", lambda job_id, pipe: None,
+                                  store.redis.pipeline(transaction=True))
+    store.jobs.transition(job_id, JobState.RUNNING, [JobState.QUEUED], "running")
+    store.streams.append_steps(job_id, [record(s) for s in stored], [])
     return job_id
 
 
 def finish(store: JobStore, job_id: str, steps_done: int) -> None:
     summary = Summary(steps_done=steps_done, final_loss=1.0, skipped_steps=0, loss_scale_min=1.0, loss_scale_max=1.0,
                       loss_scale_final=1.0, peak_zero_grad_fraction=0.0, mean_examples_per_sec=1.0, diagnoses=[])
-    store.transition(job_id, JobState.SUCCEEDED, [JobState.RUNNING], "finished",
+    store.jobs.transition(job_id, JobState.SUCCEEDED, [JobState.RUNNING], "finished",
                      summary=summary.model_dump_json())
 
 

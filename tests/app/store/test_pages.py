@@ -44,9 +44,9 @@ def pages(store: JobStore, job_id: str) -> list[tuple[bytes, bytes]]:
             reads = PageReads(aredis, store)
             return [(await reads.page(job_id, "t", after, limit)).json(job_id) for after, limit in READS]
 
-    assembled = [store.read_metrics_raw(job_id, after, limit).json(job_id) for after, limit in READS]
+    assembled = [store.history.read_metrics_raw(job_id, after, limit).json(job_id) for after, limit in READS]
     assert asyncio.run(served()) == assembled
-    return [(raw, RESPONSE.dump_json(store.read_metrics(job_id, after, limit)))
+    return [(raw, RESPONSE.dump_json(store.history.read_metrics(job_id, after, limit)))
             for raw, (after, limit) in zip(assembled, READS, strict=True)]
 
 
@@ -61,13 +61,13 @@ def test_a_page_from_the_stored_bytes_is_the_validated_page_byte_for_byte(store:
     assert b"null" in from_redis[3][0] and b"-0.0" in from_redis[3][0] and b"5e-324" in from_redis[3][0]
 
     assert Archiver(store, retention_s=0).archive(job_id) == "archived"
-    store.histories = type(store.histories)()
+    store.history.archives = type(store.history.archives)()
     assert pages(store, job_id) == from_redis, "the archive serves the same bytes"
 
     # An archive written before the `record` column: its pages are dumped from the typed columns, same bytes.
-    info = store.archive_info(job_id)
+    info = store.history.archive_info(job_id)
     assert info is not None and store.artifacts_dir is not None
     path = store.artifacts_dir / info.dir / METRICS_FILE
     pq.write_table(pq.read_table(path).drop_columns([RECORD_COLUMN]), path)
-    store.histories = type(store.histories)()
+    store.history.archives = type(store.history.archives)()
     assert pages(store, job_id) == from_redis

@@ -111,7 +111,7 @@ def test_a_cancel_outside_training_interrupts_the_attempt_at_once(store: JobStor
     interrupt.set_phase("building the model")
     thread, ended = watched(store, busy(30))
     asked = time.monotonic()
-    store.request_cancel("job1")
+    store.cancels.request_cancel("job1")
     thread.join(timeout=5)
     assert not thread.is_alive(), "a cancel while building the model was not honoured within 5 s"
     assert [type(e) for e in ended] == [CancelInterrupt]
@@ -122,7 +122,7 @@ def test_a_cancel_during_training_gets_its_grace_period_first(store: JobStore) -
     interrupt.set_phase("training")
     thread, ended = watched(store, busy(30))
     asked = time.monotonic()
-    store.request_cancel("job1")
+    store.cancels.request_cancel("job1")
     thread.join(timeout=tasks.CANCEL_GRACE_S + 5)
     assert [type(e) for e in ended] == [CancelInterrupt]
     assert time.monotonic() - asked >= tasks.CANCEL_GRACE_S  # the step had its chance to end by itself
@@ -146,7 +146,7 @@ def test_an_attempt_that_ignores_its_interrupt_is_abandoned(monkeypatch: pytest.
     gate.acquire()
     # One C call that returns only when the test lets it: no bytecode for the interrupt to land on.
     thread, _ = watched(store, gate.acquire, stuck=stuck)
-    store.request_cancel("job1")
+    store.cancels.request_cancel("job1")
     try:
         wait_until(lambda: stuck, timeout=10, what="the stuck attempt to be abandoned")
         assert stuck[0] is CancelInterrupt

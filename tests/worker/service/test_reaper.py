@@ -37,12 +37,12 @@ def store(server: RedisServer) -> JobStore:
 def running_job(store: JobStore, server: RedisServer, attempt: int = 1, lease: bool = False) -> str:
     """A job queued through RQ and moved to `running` by attempt `attempt`, its lease alive or expired."""
     rq_redis = Redis.from_url(server.url)
-    job_id, _ = store.create(SPEC, "t", queue_for(SPEC), lambda i, pipe: enqueue(rq_redis, SPEC, i, pipe),
+    job_id, _ = store.jobs.create(SPEC, "t", queue_for(SPEC), lambda i, pipe: enqueue(rq_redis, SPEC, i, pipe),
                              rq_redis.pipeline(transaction=True))
     Queue(queue_for(SPEC), connection=rq_redis).empty()  # the attempt took it off the queue
     if lease:
-        store.renew_lease(job_id, "worker-1", 60)
-    moved, _ = store.transition(job_id, JobState.RUNNING, [JobState.QUEUED], f"attempt {attempt}",
+        store.leases.renew_lease(job_id, "worker-1", 60)
+    moved, _ = store.jobs.transition(job_id, JobState.RUNNING, [JobState.QUEUED], f"attempt {attempt}",
                                 started_at=clock.iso(), attempt=attempt)
     assert moved
     return job_id
@@ -57,17 +57,17 @@ def test_a_job_whose_lease_expired_is_requeued_as_its_next_attempt(
     job_id = running_job(store, server)
     requeued = Reaper(settings, Redis.from_url(server.url)).reap_once()
     assert requeued == [job_id]
-    job = store.get(job_id)
+    job = store.jobs.get(job_id)
     assert job is not None and job.state is JobState.QUEUED
     assert job.transitions[-1].message == "worker lost during attempt 1; requeued to resume from its checkpoint"
-    assert rq_ids(server) == [f"{job_id}-a2"] and store.rq_job_id(job_id) == f"{job_id}-a2"
-    assert job_id not in store.running_ids()
+    assert rq_ids(server) == [f"{job_id}-a2"] and store.jobs.rq_job_id(job_id) == f"{job_id}-a2"
+    assert job_id not in store.leases.running_ids()
 
 
 def test_a_job_with_a_live_lease_is_left_alone(settings: Settings, store: JobStore, server: RedisServer) -> None:
     job_id = running_job(store, server, lease=True)
     assert Reaper(settings, Redis.from_url(server.url)).reap_once() == []
-    job = store.get(job_id)
+    job = store.jobs.get(job_id)
     assert job is not None and job.state is JobState.RUNNING and rq_ids(server) == []
 
 
@@ -75,7 +75,7 @@ def test_the_last_attempt_lost_fails_the_job_with_worker_lost(
         settings: Settings, store: JobStore, server: RedisServer) -> None:
     job_id = running_job(store, server, attempt=settings.max_attempts)
     assert Reaper(settings, Redis.from_url(server.url)).reap_once() == []
-    job = store.get(job_id)
+    job = store.jobs.get(job_id)
     assert job is not None and job.state is JobState.FAILED and job.error is not None
     assert job.error.reason == "worker_lost" and "each of its 3 attempts" in job.error.message
     assert rq_ids(server) == []
@@ -102,9 +102,9 @@ def test_an_enqueue_that_fails_after_the_move_is_retried_on_the_next_pass(
     monkeypatch.setattr(reaper_module, "enqueue", redis_down_once)
     reaper = Reaper(settings, Redis.from_url(server.url))
     assert reaper.reap_once() == []  # moved to queued, but not on RQ's queue yet
-    job = store.get(job_id)
+    job = store.jobs.get(job_id)
     assert job is not None and job.state is JobState.QUEUED and rq_ids(server) == []
     assert reaper.reap_once() == [job_id]
     assert calls == [job_id, job_id] and rq_ids(server) == [f"{job_id}-a2"]
-    again = store.get(job_id)
+    again = store.jobs.get(job_id)
     assert again is not None and sum("worker lost" in t.message for t in again.transitions) == 1

@@ -18,8 +18,8 @@ def store(server: RedisServer) -> JobStore:
 
 def stored(store: JobStore, job_id: str) -> tuple[list[int], list[int]]:
     """(steps, layer-check steps) Redis holds."""
-    steps = [p.step for p in store.read_metrics(job_id, 0, 1000).points]
-    return steps, [c.step for c in store.read_layers(job_id, 0, 1000).checks]
+    steps = [p.step for p in store.history.read_metrics(job_id, 0, 1000).points]
+    return steps, [c.step for c in store.history.read_layers(job_id, 0, 1000).checks]
 
 
 def test_checks_wait_for_the_batch_of_steps_that_follows_them(store: JobStore) -> None:

@@ -1,0 +1,156 @@
+"""The API's reads on redis.asyncio: a job with its transitions, a page of its steps, its streams as they grow.
+
+Each reader takes an async connection (the API's, made with decode_responses=True) and reads the keys the
+sync parts of the store write (app/store/jobs.py, streams.py). What is built of the replies, and any read of
+an archive's files (in a thread), is the caller's: these only read Redis.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.client import NEVER_DECODE
+
+from app.store.archive import ArchiveInfo
+from app.store.keys import (
+    ARCHIVED_FIELD,
+    LAYERS_FIELD,
+    STEP_FIELD,
+    after,
+    entry_id,
+    events_key,
+    job_key,
+    layers_key,
+    metrics_key,
+    number_of,
+)
+from app.store.pages import RawPage, stream_page, unparsed_xrange
+from mpjobs.contract.jobs import JobState
+
+# The job's record and its transitions in one command: a script is one reply to parse, where a pipeline of
+# HGETALL and XRANGE costs redis.asyncio twice the Python per request.
+READ_JOB = """
+return {redis.call('HGETALL', KEYS[1]), redis.call('XRANGE', KEYS[2], '-', '+')}
+"""
+HEAD = ("tenant", "state", "summary", ARCHIVED_FIELD)
+"""The job record's fields read with a page."""
+
+
+@dataclass(frozen=True)
+class StoredJob:
+    """A job's record (empty when there is none) and its transitions as the script returned them."""
+
+    record: dict[str, str]
+    events: list[Any]
+    """[[id, [field, value, ...]], ...]: turned into dicts only when a job is built (`transitions`)."""
+
+    @property
+    def last_event_id(self) -> str | None:
+        return str(self.events[-1][0]) if self.events else None
+
+    def transitions(self) -> list[tuple[str, dict[str, str]]]:
+        """The transitions as `JobRecords.job_from` takes them: (id, fields)."""
+        return [(event_id, dict(zip(fields[::2], fields[1::2], strict=True))) for event_id, fields in self.events]
+
+
+class AsyncJobReads:
+    """`job:{id}` and its `events` stream, in one round trip."""
+
+    def __init__(self, aredis: Redis) -> None:
+        self._read = aredis.register_script(READ_JOB)
+
+    async def job(self, job_id: str) -> StoredJob:
+        flat, events = await self._read(keys=[job_key(job_id), events_key(job_id)])
+        return StoredJob(dict(zip(flat[::2], flat[1::2], strict=True)), events)
+
+
+@dataclass(frozen=True)
+class StoredPage:
+    """A page of a job's steps, read with what its record says."""
+
+    page: RawPage | ArchiveInfo
+    """From the metrics stream; once the history is archived, the archive its record names: the files answer."""
+    steps_done: int | None
+    """An ended job's steps trained, from its summary; None before it ends."""
+
+
+class AsyncPageReads:
+    """Pages of a job's step records, on `aredis`'s connections (a client of its own: XRANGE left unparsed);
+    replies are read as bytes, whether or not `aredis` decodes."""
+
+    def __init__(self, aredis: Redis) -> None:
+        self.aredis = Redis(connection_pool=aredis.connection_pool)
+        self.aredis.set_response_callback("XRANGE", unparsed_xrange)
+
+    async def page(self, job_id: str, tenant: str, after_step: int, limit: int) -> StoredPage | None:
+        """The steps after `after_step`, at most `limit`, and the job's record in the same round trip, read
+        after the page as every history read does (app/store/history.py): a record that does not say
+        "archived" yet means the stream was whole. None for a missing job or another tenant's."""
+        async with self.aredis.pipeline(transaction=False) as pipe:
+            pipe.execute_command("XRANGE", metrics_key(job_id), after(after_step), "+", "COUNT", limit + 1,
+                                 **{NEVER_DECODE: []})
+            pipe.execute_command("HMGET", job_key(job_id), *HEAD, **{NEVER_DECODE: []})
+            entries, head = await pipe.execute()
+        owner, state, summary, archived = (None if value is None else value.decode() for value in head)
+        if state is None or owner != tenant:
+            return None
+        page = (stream_page(after_step, entries, limit) if archived is None
+                else ArchiveInfo.model_validate_json(archived))
+        steps_done = json.loads(summary)["steps_done"] if summary and JobState(state).terminal else None
+        return StoredPage(page, steps_done)
+
+
+@dataclass
+class StreamCursor:
+    """Where a live read of a job's streams stands: the last layer check and the last step read (steps), and
+    the last transition read (its stream id; "0-0" before the first)."""
+
+    checks: int
+    steps: int
+    events: str = "0-0"
+
+
+@dataclass
+class StreamBatch:
+    """What one read found past a cursor, each in stream order."""
+
+    checks: list[tuple[int, str]] = field(default_factory=list)
+    """(step, LayerCheck JSON as stored)."""
+    steps: list[tuple[int, str]] = field(default_factory=list)
+    """(step, StepRecord JSON as stored)."""
+    events: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    """(stream id, the transition's fields)."""
+
+    @property
+    def empty(self) -> bool:
+        return not (self.checks or self.steps or self.events)
+
+
+class AsyncStreamReads:
+    """A job's `layers`, `metrics` and `events` streams read as they grow (XREAD), and its record's state."""
+
+    def __init__(self, aredis: Redis, job_id: str) -> None:
+        self.aredis, self.job_id = aredis, job_id
+        self._layers, self._metrics, self._events = layers_key(job_id), metrics_key(job_id), events_key(job_id)
+
+    async def read(self, cursor: StreamCursor, count: int, block_ms: int | None) -> StreamBatch:
+        """Up to `count` entries of each stream past `cursor`, waiting up to `block_ms` for one (None: not at all)."""
+        cursors = {self._layers: entry_id(cursor.checks), self._metrics: entry_id(cursor.steps),
+                   self._events: cursor.events}
+        reply: Any = await self.aredis.xread(cursors, count=count, block=block_ms)
+        found: dict[str, list[tuple[str, dict[str, str]]]] = dict(reply or [])
+        return StreamBatch(checks=[(number_of(i), fields[LAYERS_FIELD]) for i, fields in found.get(self._layers, [])],
+                           steps=[(number_of(i), fields[STEP_FIELD]) for i, fields in found.get(self._metrics, [])],
+                           events=list(found.get(self._events, [])))
+
+    async def transitions(self) -> list[dict[str, str]]:
+        """Every transition's fields, in order."""
+        entries: Any = await self.aredis.xrange(self._events)
+        return [fields for _, fields in entries]
+
+    async def state(self) -> str | None:
+        state = await self.aredis.hget(job_key(self.job_id), "state")
+        return None if state is None else str(state)

@@ -5,7 +5,7 @@
     >>> job = client.submit(model, policy="mixed_float16")    # doctest: +SKIP
     >>> frame = job.wait().to_pandas()                        # doctest: +SKIP
 
-It speaks HTTP (httpx) with the API's own schemas (app/core/) and imports neither TensorFlow nor Keras:
+It speaks HTTP (httpx) with the API's own schemas (mpjobs/contract/) and imports neither TensorFlow nor Keras:
 a Keras model passed to `submit` is sent as its `to_json()`. pandas is needed only by `to_pandas()`.
 """
 

@@ -1,6 +1,6 @@
 """How the client reads the API's answers: a newer server's additions are tolerated, the API's own models untouched.
 
-The API's models (app/core/) are strict so that the server refuses what it does not know in a request.
+The API's models (mpjobs/contract/) are strict so that the server refuses what it does not know in a request.
 Read by an older client, the same strictness would refuse a newer server's answers. So every answer the
 client parses goes through `read` (or `read_json`), which
 - ignores fields the client does not know, at any depth (pydantic's validation-time `extra="ignore"`), and

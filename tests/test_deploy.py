@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from scripts.stack import ROOT
@@ -95,6 +96,7 @@ def test_env_example_lists_every_setting() -> None:
     assert all(f"${{{name}:-" in script for name in run_stack)
 
 
+@pytest.mark.processes
 def test_the_wheel_is_the_client_alone_and_builds_quietly(tmp_path: Path) -> None:
     """`pip install .` installs `mpjobs` (the client, its command and the wire contract) and nothing else: no
     `app`, `worker`, `tests`, `bench` or `scripts` package lands in a user's site-packages, and setuptools

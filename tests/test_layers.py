@@ -103,6 +103,7 @@ def test_each_module_is_small_and_opens_with_its_concern(path: Path) -> None:
     assert len(text.splitlines()) <= MAX_LINES, f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines"
 
 
+@pytest.mark.processes
 def test_the_api_process_loads_no_tensorflow_keras_or_worker_module() -> None:
     check = ("import sys, app.main, mpjobs.cli; "
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'keras', 'jax', 'worker'}))")
@@ -111,6 +112,7 @@ def test_the_api_process_loads_no_tensorflow_keras_or_worker_module() -> None:
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.processes
 def test_the_client_and_its_command_load_nothing_of_the_server() -> None:
     check = ("import sys, mpjobs, mpjobs.cli; "
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'app', 'worker', 'fastapi', 'rq', 'redis', "

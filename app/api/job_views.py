@@ -1,5 +1,6 @@
-"""`GET /jobs/{id}` on the async Redis client: one pipelined round trip, no threadpool hop, and the job's JSON
-kept for as long as what it was built from is unchanged.
+"""`GET /jobs/{id}`: one async round trip, no threadpool hop, and the job's JSON kept while its record holds.
+
+The job's JSON is kept for as long as what it was built from is unchanged.
 
 A job is read as its record (a hash) and its transitions (a stream). Building a `Job` validates its spec,
 summary and error, and dumping it costs as much again; a job polled by a dashboard or a CLI changes only at

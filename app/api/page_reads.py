@@ -1,5 +1,6 @@
-"""`GET /jobs/{id}/metrics?after=&limit=` on the async Redis client: the page and the job's check in one round
-trip, no threadpool hop. Only an archived job's page is read in a thread (from its files).
+"""`GET /jobs/{id}/metrics?after=&limit=`: the page and the job's check in one async round trip.
+
+No threadpool hop: only an archived job's page is read in a thread (from its files).
 
 The page is XRANGE's reply as hiredis parsed it (bytes, no dict per entry), its records joined as stored
 (app/store/pages.py), read with the job's record by the store (app/store/async_reads.py).

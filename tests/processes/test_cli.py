@@ -235,11 +235,11 @@ def test_layers_prints_the_latest_check_and_marks_where_underflow_begins(stack: 
     assert mpjobs(stack, "layers", job_id).stdout == (
         f"job {job_id}: no layer checks yet (under float32 there are none unless training.layer_check_every "
         "is set)\n")
-    store.append_steps(job_id, [record(1), record(2)], [], [check(1, underflow=None)])
+    store.streams.append_steps(job_id, [record(1), record(2)], [], [check(1, underflow=None)])
     latest = check(2).model_copy(update={"overflow_layer": "conv3d_1", "loss_scale": 32768.0,
                                           "recovery": "recovered", "recovery_scale": 2.0**20,
                                           "recovery_excess_zero_fraction": 0.0})
-    store.append_steps(job_id, [record(3)], [], [latest])
+    store.streams.append_steps(job_id, [record(3)], [], [latest])
     finish(store, job_id, steps_done=3)
     done = mpjobs(stack, "layers", job_id)
     assert done.returncode == Exit.OK, done.stderr

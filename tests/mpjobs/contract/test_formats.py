@@ -78,6 +78,7 @@ def browser() -> Iterator[WebDriver]:
         yield driver
 
 
+@pytest.mark.processes
 def test_the_dashboard_shows_every_value_as_the_cli_does(static_server: str, browser: WebDriver) -> None:
     browser.get(f"{static_server}/js/dom.js")  # any page of that origin, to import the module from
     shown = browser.execute_async_script("""

@@ -258,6 +258,7 @@ def test_numpy_out_of_memory_is_named_with_the_array_shape_and_size() -> None:
                                f"allocated in RAM. {OOM_ADVICE}")
 
 
+@pytest.mark.processes
 def test_xla_resource_exhausted_is_named_out_of_memory_with_its_size() -> None:
     """JAX's own error (XLA's RESOURCE_EXHAUSTED), raised in a process of its own: 2**40 float32 values."""
     import subprocess

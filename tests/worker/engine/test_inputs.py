@@ -213,6 +213,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
                           env=env, cwd=ROOT, timeout=300)
 
 
+@pytest.mark.processes
 def test_cli_prints_one_line_per_step_then_the_summary(tmp_path: Path) -> None:
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"model": {"name": "mlp"}, "training": {"steps": 7, "checkpoint_every": 3}}))
@@ -232,6 +233,7 @@ def test_cli_prints_one_line_per_step_then_the_summary(tmp_path: Path) -> None:
     assert [e.step for e in events.Scalars("loss")] == list(range(1, 8))
 
 
+@pytest.mark.processes
 def test_cli_refuses_a_bad_spec_and_writes_nothing(tmp_path: Path) -> None:
     spec = tmp_path / "bad.json"
     spec.write_text(json.dumps({"model": {"name": "mlp"}, "precision_policy": "fp8",

@@ -14,6 +14,9 @@ from scripts.stack import ROOT
 from tests.worker.conftest import Train
 from tests.worker.numerics.test_numerics import partial_underflow_case, regularized_case
 
+pytestmark = pytest.mark.processes
+"""Each test runs the engine in another interpreter, under KERAS_BACKEND=jax."""
+
 SCRIPT = """
 import json, sys, tempfile
 from pathlib import Path

@@ -221,6 +221,7 @@ print(json.dumps({"penalties": penalties, "status": result.status, "losses": [r.
 """
 
 
+@pytest.mark.processes
 def test_penalties_work_on_jax_arrays_and_train_under_jax() -> None:
     env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "-c", JAX_SCRIPT, regularized()], capture_output=True, text=True,

@@ -88,6 +88,7 @@ def handlers() -> Iterator[None]:
         signal.signal(signum, handler)
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("handlers")
 def test_each_slot_is_pinned_to_its_gpu_and_a_dead_one_is_restarted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

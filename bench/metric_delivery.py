@@ -25,6 +25,7 @@ from typing import Any
 
 from app.core.config import Settings
 from app.store import JobStore
+from app.store.keys import job_key, metrics_key, rollup_key
 from bench.report import Row, cli, median, percentile
 from mpjobs.contract.records import StepRecord
 from scripts.stack import RedisServer, Stack, iter_sse
@@ -65,7 +66,7 @@ def reporter_rate(store: JobStore, records: int, batch: int) -> float:
     from worker.telemetry.redis_reporter import RedisReporter
 
     job_id = f"bench-{time.monotonic_ns()}"
-    store.redis.hset(f"mpjobs:job:{job_id}", mapping={"id": job_id, "step": 0})
+    store.redis.hset(job_key(job_id), mapping={"id": job_id, "step": 0})
     reporter = RedisReporter(store, job_id)
     prepared = [_record(step) for step in range(1, records + 1)]
     start = time.perf_counter()
@@ -73,7 +74,7 @@ def reporter_rate(store: JobStore, records: int, batch: int) -> float:
         reporter.steps(prepared[i:i + batch])
     elapsed = time.perf_counter() - start
     assert not reporter.pending
-    store.redis.delete(f"mpjobs:job:{job_id}", f"mpjobs:job:{job_id}:metrics", f"mpjobs:job:{job_id}:rollup")
+    store.redis.delete(job_key(job_id), metrics_key(job_id), rollup_key(job_id))
     return records / elapsed
 
 

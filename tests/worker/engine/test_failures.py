@@ -225,6 +225,7 @@ def test_xla_precision_refusal_is_a_named_unsupported_precision() -> None:
 OOM_ADVICE = "Fix: a smaller training.batch_size or model, or a worker with more memory."
 
 
+@pytest.mark.slow  # allocates until TensorFlow runs out: about 20 s
 def test_tensorflow_out_of_memory_is_named_with_the_tensor_shape_and_size() -> None:
     """A real ResourceExhaustedError, eagerly and from a graph (where its first line says only
     "Graph execution error:"): 2**44 float32 values are 64 TiB."""

@@ -53,6 +53,9 @@ from mpjobs.contract.spec import JobSpec
 from tests.worker.conftest import Train, spec_of
 from worker.engine.models import build_model
 
+pytestmark = pytest.mark.slow
+"""49 cases, two steps each, against a GradientTape: about 40 s here."""
+
 B = 16
 HALF_ZERO_SLACK = 2
 """Gradient values whose zero-ness half-precision rounding may flip (module docstring)."""

@@ -28,6 +28,9 @@ from worker.engine.stopping import TimeLimit
 from worker.numerics import speed as speed_module
 from worker.numerics.speed import ROUNDS, float32_twin, measure, measure_all, variant_spec
 
+pytestmark = pytest.mark.slow
+"""Each test times training against float32 over several rounds: a speed measurement, never a fast check."""
+
 CPU = DeviceInfo("cpu", "Test CPU", "tensorflow", None, frozenset({"avx2", "avx512_bf16"}))
 SLOW = 1.5
 """docs/numerics.md: `slow_precision_on_device` on a CPU when the call is `slower` and `low` is at least 1.5."""

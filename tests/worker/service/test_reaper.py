@@ -108,3 +108,16 @@ def test_an_enqueue_that_fails_after_the_move_is_retried_on_the_next_pass(
     assert calls == [job_id, job_id] and rq_ids(server) == [f"{job_id}-a2"]
     again = store.jobs.get(job_id)
     assert again is not None and sum("worker lost" in t.message for t in again.transitions) == 1
+
+
+def test_a_job_queued_under_the_tasks_former_import_path_still_finds_it() -> None:
+    """RQ resolves a job's function from the import path stored with it: the path before worker/service/ must
+    still name the same task, so jobs queued before an upgrade run after it."""
+    from rq.utils import import_attribute
+
+    from app.store.queue import TASK
+    from worker.service.tasks import run_training
+
+    assert TASK == "worker.service.tasks.run_training"
+    assert import_attribute("worker.tasks.run_training") is run_training
+    assert import_attribute(TASK) is run_training

@@ -12,6 +12,7 @@ import pytest
 from sklearn.datasets import load_iris
 
 from app.core.config import Settings
+from app.core.errors import InvalidDataset
 from mpjobs.contract.records import EvalRecord
 from tests.worker.conftest import spec_of
 from worker.engine.devices import detect_device
@@ -140,3 +141,22 @@ def test_a_resumed_run_records_each_evaluation_once(settings: Settings, tmp_path
     assert stopped.status == "stopped" and result.status == "succeeded"
     assert steps == [3, 4, 6, 7]  # 4: the stopped attempt's final evaluation
     assert result.summary.validation is not None and result.summary.validation.step == 7
+
+
+def test_a_validation_dataset_of_its_own_is_evaluated_whole_and_a_misshapen_one_is_refused(
+        settings: Settings, tmp_path: Path) -> None:
+    x, y = iris(settings)
+    np.savez(settings.data_root / "held.npz", x=x[:40], y=y[:40])
+    split = iris_spec("float32", steps=3, every=0).model_dump(mode="json")
+    spec = spec_of(**{**split, "validation": {
+        "dataset": {"kind": "npz", "path": "held.npz"}, "metrics": ["sparse_categorical_accuracy"], "eval_every": 0}})
+    result, reporter = run(spec, settings, tmp_path / "job")
+    [final] = reporter.evaluation_records
+    loss, hits = numpy_loss_and_hits(reporter.weights[3], x[:40], y[:40])
+    assert (final.step, final.examples) == (3, 40) and final.loss == pytest.approx(loss.mean(), rel=1e-6)
+    assert final.metrics == {"sparse_categorical_accuracy": pytest.approx(hits.mean(), abs=1e-6)}
+    assert np.load(tmp_path / "job" / "evaluation" / "final.npz")["rows"].tolist() == list(range(40))
+    assert result.summary.data is not None and result.summary.data.rows == 150
+    np.savez(settings.data_root / "held.npz", x=x[:40, :3], y=y[:40])
+    with pytest.raises(InvalidDataset, match=r"validation.dataset 'held.npz' holds x of shape \(3,\)"):
+        run(spec, settings, tmp_path / "other")

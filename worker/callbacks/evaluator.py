@@ -85,7 +85,9 @@ class Evaluator(keras.callbacks.Callback):
         pred = np.asarray(keras.ops.convert_to_numpy(self.model.predict(x, batch_size=self.batch_size, verbose=0)),
                           dtype=np.float32)
         y32 = y.astype(np.float32)
-        values = np.asarray(keras.ops.convert_to_numpy(self.loss.call(y32, pred)), dtype=np.float32)
+        values = self._losses(y32, pred)
+        if values.ndim == 0:  # a loss that reduces the batch itself (output_mean): each row on its own
+            values = np.array([self._losses(y32[i:i + 1], pred[i:i + 1]) for i in range(len(pred))])
         per_example = values.reshape(len(values), -1).mean(axis=1)
         scores: dict[str, float | None] = {}
         for name in self.metrics:
@@ -99,6 +101,9 @@ class Evaluator(keras.callbacks.Callback):
         self.builder.validation = record
         self.reporter.evaluations([record])
         return record
+
+    def _losses(self, y: np.ndarray, pred: np.ndarray) -> np.ndarray:
+        return np.asarray(keras.ops.convert_to_numpy(self.loss.call(y, pred)), dtype=np.float32)
 
     def final(self, step: int) -> EvalRecord:
         """The end of the run at `step`: evaluate unless this attempt just did, and write final.npz."""

@@ -160,3 +160,22 @@ def test_a_validation_dataset_of_its_own_is_evaluated_whole_and_a_misshapen_one_
     np.savez(settings.data_root / "held.npz", x=x[:40, :3], y=y[:40])
     with pytest.raises(InvalidDataset, match=r"validation.dataset 'held.npz' holds x of shape \(3,\)"):
         run(spec, settings, tmp_path / "other")
+
+
+@pytest.mark.parametrize("model", [
+    {"name": "conv3d_unet", "volume": 8, "filters": 2, "reference_edge": 16},
+    {"keras_json": "dense", "loss": "output_mean"},
+])
+def test_losses_of_their_own_are_evaluated_per_row(settings: Settings, tmp_path: Path, model: dict[str, Any]) -> None:
+    """The unet's voxel sum and output_mean (which reduces the batch itself) give one loss per held-out row,
+    whose mean is the record's loss."""
+    if model.get("keras_json") == "dense":
+        model = {**model, "keras_json": str(keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)]).to_json())}
+    spec = spec_of(model=model, dataset={"samples": 10}, training={"steps": 2, "batch_size": 2},
+                   validation={"split": 0.3, "eval_every": 0})
+    result, reporter = run(spec, settings, tmp_path / "job")
+    [record] = reporter.evaluation_records
+    final = np.load(tmp_path / "job" / "evaluation" / "final.npz")
+    assert record.examples == len(final["loss"]) == 3 and "correct" not in final
+    assert record.loss == pytest.approx(float(final["loss"].mean()), rel=1e-6)
+    assert result.summary.validation == record

@@ -78,7 +78,7 @@ def summary_lines(job: dict[str, Any]) -> list[str]:
         f"  throughput       {_or_dash(speed, rate, 'n/a')} examples/s",
         *([f"  validation       {_eval_words(s['validation'])} (mpjobs evaluations {job['id']})"]
           if s.get("validation") else []),
-        *([f"  data             {_data_words(s['data'])}"] if s.get("data") else []),
+        *([f"  data             {_data_words(s['data'])}"] if s.get("data") and s.get("validation") else []),
     ]
     if s.get("precision_speed"):
         lines.append(f"  precision speed  {precision_speed_words(s['precision_speed'])}")
@@ -91,8 +91,8 @@ def summary_lines(job: dict[str, Any]) -> list[str]:
 
 
 def _eval_words(e: dict[str, Any]) -> str:
-    metrics = "".join(f", {name} {_or_dash(value, num)}" for name, value in e["metrics"].items())
-    return f"loss {_or_dash(e['loss'], num)}{metrics} on {e['examples']} held-out rows at step {e['step']}"
+    metrics = "".join(f", {name} {num(value)}" for name, value in e["metrics"].items())
+    return f"loss {num(e['loss'])}{metrics} on {e['examples']} held-out rows at step {e['step']}"
 
 
 def _data_words(d: dict[str, Any]) -> str:
@@ -105,7 +105,7 @@ def evaluations_table(records: list[dict[str, Any]]) -> str:
     """One row per evaluation: step, loss, each metric, held-out rows and seconds."""
     names = list(records[0]["metrics"])
     return table(["step", "loss", *names, "examples", "seconds"],
-                 [[str(r["step"]), _or_dash(r["loss"], num), *(_or_dash(r["metrics"].get(n), num) for n in names),
+                 [[str(r["step"]), num(r["loss"]), *(num(r["metrics"].get(n)) for n in names),
                    str(r["examples"]), number(r["seconds"], 3)] for r in records])
 
 

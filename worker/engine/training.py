@@ -272,7 +272,7 @@ class Training:
         set_phase("saving")
         try:
             self.recorder.publish()
-            if failure is None and self.evaluator is not None:  # stopped, timed out or done: the final one
+            if failure is None and self.evaluator is not None and builder.steps_done:  # stopped, timed out, done
                 self.evaluator.final(builder.steps_done)
             unsaved = builder.steps_done != self.start and builder.steps_done % t.checkpoint_every
             if failure is None and unsaved:

@@ -21,7 +21,7 @@ from app.api.job_views import JobViews
 from app.api.limits import BodySizeLimit
 from app.api.page_reads import PageReads
 from app.api.redis_memory import MemoryGauge
-from app.api.routes import comparisons, dashboard, health, jobs, layers, metrics, prometheus
+from app.api.routes import comparisons, dashboard, evaluations, health, jobs, layers, metrics, prometheus
 from app.api.services import LiveWorkers
 from app.api.validation import validation_error
 from app.core.config import Settings, get_settings
@@ -92,6 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(metrics.router)
     app.include_router(metrics.export_router)
     app.include_router(layers.router)
+    app.include_router(evaluations.router)
     app.include_router(comparisons.router)
     app.include_router(prometheus.router)
     app.include_router(dashboard.router)

@@ -13,9 +13,9 @@ from mpjobs._frames import pandas, step_frame
 from mpjobs._progress import progress_view
 from mpjobs._reading import read, read_json
 from mpjobs._stream import follow
-from mpjobs.contract.jobs import JobError, JobState, LayersPage, MetricsBuckets, MetricsPage
+from mpjobs.contract.jobs import EvaluationsPage, JobError, JobState, LayersPage, MetricsBuckets, MetricsPage
 from mpjobs.contract.jobs import JobRecord as JobResource
-from mpjobs.contract.records import Diagnosis, StepRecord, Summary
+from mpjobs.contract.records import Diagnosis, EvalRecord, StepRecord, Summary
 
 if TYPE_CHECKING:
     from mpjobs._client import Client
@@ -155,6 +155,17 @@ class Job:
         """One page of layer checks (every layer's gradient and activation numerics at a step) after step `after`."""
         return read(LayersPage, self.client.request("GET", f"/jobs/{self.id}/layers",
                                                     params={"after": after, "limit": limit}))
+
+    def evaluations(self) -> list[EvalRecord]:
+        """Every evaluation on the held-out rows so far, in step order (`GET /jobs/{id}/evaluations`, every page):
+        the loss and each of `validation.metrics` at a step. Empty for a job without `validation`."""
+        found: list[EvalRecord] = []
+        after: int | None = 0
+        while after is not None:
+            page = read(EvaluationsPage, self.client.request("GET", f"/jobs/{self.id}/evaluations",
+                                                             params={"after": after, "limit": PAGE_LIMIT}))
+            found, after = found + page.evaluations, page.next_after
+        return found
 
     def to_pandas(self) -> Any:
         """Every step so far as a pandas DataFrame: one row per step, a column per step-record field (`step`,

@@ -15,7 +15,7 @@ from app.core.config import MODEL_ARTIFACT, Settings
 from app.core.errors import ArtifactNotFound, ComparisonNotFound, JobAlreadyEnded, JobNotFound
 from app.store import VIEW_TTL_S, ComparisonRecord, IdempotencyKey, JobStore
 from app.store import queue as queues
-from mpjobs.contract.jobs import JobRecord, JobState, LayersPage
+from mpjobs.contract.jobs import EvaluationsPage, JobRecord, JobState, LayersPage
 from mpjobs.contract.spec import ComparisonSpec, JobSpec
 
 MAX_PAGE = 10_000
@@ -144,6 +144,11 @@ def _cancel_running(store: JobStore, job: JobRecord) -> JobState | None:
 def layers(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> LayersPage:
     get(store, job_id, tenant)
     return store.history.read_layers(job_id, after, min(limit, MAX_PAGE))
+
+
+def evaluations(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> EvaluationsPage:
+    get(store, job_id, tenant)
+    return store.evaluations.read(job_id, after, min(limit, MAX_PAGE))
 
 
 CACHED_VIEW_SIZES = frozenset({500, 1000})

@@ -1,4 +1,4 @@
-"""The SSE stream of one job: its step records, layer checks and state changes, resumable by step."""
+"""The SSE stream of one job: its step records, layer checks, evaluations and state changes, resumable by step."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ async def stream_job(
     redis: Redis, job_id: str, after_step: int, disconnected: Callable[[], Awaitable[bool]],
     archived: Callable[[], Awaitable[ArchivedHistory | None]] | None = None,
 ) -> AsyncIterator[str]:
-    """`metrics` (id = step), `layers` (no id) and `state` events, then `end` once the job is terminal.
+    """`metrics` (id = step), `layers` and `evaluation` (no id) and `state` events, then `end` once the job is
+    terminal. An evaluation at step s is sent just before the `metrics` event of step s, as a layer check is
+    (the worker writes it before that step); an archived job's come after its steps (they stay in Redis).
 
     A layer check at step s is sent just before the `metrics` event of step s, never after it: the store
     writes a batch's checks before its steps, and checks read ahead of the steps wait here. So a client
@@ -39,14 +41,18 @@ async def stream_job(
     it streams goes on from the archive after the last step sent.
     """
     streams = AsyncStreamReads(redis, job_id)
-    cursor = StreamCursor(checks=after_step, steps=after_step)
+    cursor = StreamCursor(checks=after_step, steps=after_step, evaluations=after_step)
     held: list[tuple[int, str]] = []
     """Layer checks read but not sent yet: (step, LayerCheck JSON), in step order."""
+    evaluations: list[tuple[int, str]] = []
+    """Evaluations read but not sent yet: (step, EvalRecord JSON), in step order."""
     terminal = False
     history = await archived() if archived is not None else None
     if history is not None:
         async for event in _replay(history, after_step, after_step, [], disconnected):
             yield event
+        for record in await streams.evaluations_after(after_step):
+            yield _event("evaluation", record)
         for fields in await streams.transitions():
             yield _event("state", json.dumps(fields))
         yield _event("end", json.dumps({"state": await streams.state()}))
@@ -56,13 +62,20 @@ async def stream_job(
         for step, check in found.checks:
             cursor.checks = step
             held.append((step, check))
-        # A full batch of checks: more may lie past the last one read.
-        checks_read_to = cursor.checks if len(found.checks) == BATCH else None
+        for step, record in found.evaluations:
+            cursor.evaluations = step
+            evaluations.append((step, record))
+        # A full batch of checks (or evaluations): more may lie past the last one read.
+        full = [read_to for read_to, n in ((cursor.checks, len(found.checks)),
+                                           (cursor.evaluations, len(found.evaluations))) if n == BATCH]
+        checks_read_to = min(full) if full else None
         for step, record in found.steps:
             if checks_read_to is not None and step > checks_read_to:
                 break  # the next read brings the checks up to this step, then the step again
             while held and held[0][0] <= step:
                 yield _event("layers", held.pop(0)[1])
+            while evaluations and evaluations[0][0] <= step:
+                yield _event("evaluation", evaluations.pop(0)[1])
             cursor.steps = step
             yield _event("metrics", record, str(step))
         for event_id, fields in found.events:
@@ -80,6 +93,8 @@ async def stream_job(
                 held = []
             for _, check in held:
                 yield _event("layers", check)
+            for _, record in evaluations:
+                yield _event("evaluation", record)
             yield _event("end", json.dumps({"state": await streams.state()}))
             return
 

@@ -17,10 +17,12 @@ from redis.client import NEVER_DECODE
 from app.store.archive import ArchiveInfo
 from app.store.keys import (
     ARCHIVED_FIELD,
+    EVALUATION_FIELD,
     LAYERS_FIELD,
     STEP_FIELD,
     after,
     entry_id,
+    evaluations_key,
     events_key,
     job_key,
     layers_key,
@@ -111,6 +113,8 @@ class StreamCursor:
     checks: int
     steps: int
     events: str = "0-0"
+    evaluations: int = 0
+    """The last evaluation read (its step)."""
 
 
 @dataclass
@@ -123,28 +127,38 @@ class StreamBatch:
     """(step, StepRecord JSON as stored)."""
     events: list[tuple[str, dict[str, str]]] = field(default_factory=list)
     """(stream id, the transition's fields)."""
+    evaluations: list[tuple[int, str]] = field(default_factory=list)
+    """(step, EvalRecord JSON as stored)."""
 
     @property
     def empty(self) -> bool:
-        return not (self.checks or self.steps or self.events)
+        return not (self.checks or self.steps or self.events or self.evaluations)
 
 
 class AsyncStreamReads:
-    """A job's `layers`, `metrics` and `events` streams read as they grow (XREAD), and its record's state."""
+    """A job's `layers`, `metrics`, `events` and `evaluations` streams read as they grow (XREAD), and its state."""
 
     def __init__(self, aredis: Redis, job_id: str) -> None:
         self.aredis, self.job_id = aredis, job_id
         self._layers, self._metrics, self._events = layers_key(job_id), metrics_key(job_id), events_key(job_id)
+        self._evaluations = evaluations_key(job_id)
 
     async def read(self, cursor: StreamCursor, count: int, block_ms: int | None) -> StreamBatch:
         """Up to `count` entries of each stream past `cursor`, waiting up to `block_ms` for one (None: not at all)."""
         cursors = {self._layers: entry_id(cursor.checks), self._metrics: entry_id(cursor.steps),
-                   self._events: cursor.events}
+                   self._events: cursor.events, self._evaluations: entry_id(cursor.evaluations)}
         reply: Any = await self.aredis.xread(cursors, count=count, block=block_ms)
         found: dict[str, list[tuple[str, dict[str, str]]]] = dict(reply or [])
         return StreamBatch(checks=[(number_of(i), fields[LAYERS_FIELD]) for i, fields in found.get(self._layers, [])],
                            steps=[(number_of(i), fields[STEP_FIELD]) for i, fields in found.get(self._metrics, [])],
-                           events=list(found.get(self._events, [])))
+                           events=list(found.get(self._events, [])),
+                           evaluations=[(number_of(i), fields[EVALUATION_FIELD])
+                                        for i, fields in found.get(self._evaluations, [])])
+
+    async def evaluations_after(self, step: int) -> list[str]:
+        """Every evaluation after `step`, as stored (EvalRecord JSON): archiving leaves them in Redis."""
+        entries: Any = await self.aredis.xrange(self._evaluations, min=after(step), max="+")
+        return [fields[EVALUATION_FIELD] for _, fields in entries]
 
     async def transitions(self) -> list[dict[str, str]]:
         """Every transition's fields, in order."""

@@ -6,6 +6,7 @@ Keys (prefix `mpjobs:`):
     job:{id}:metrics    stream one entry per step, entry id `{step}-0`
     job:{id}:rollup     stream one entry per ROLLUP_STEPS steps, entry id `{index}-0`
     job:{id}:layers     stream one entry per layer check, entry id `{step}-0`, field `l` (LayerCheck JSON)
+    job:{id}:evaluations stream one entry per evaluation, entry id `{step}-0`, field `e` (EvalRecord JSON)
     jobs:{tenant}       zset   the tenant's job ids, scored by creation sequence
     jobs:{tenant}:{state} zset the tenant's job ids in that state, same scores
     idem:{tenant}:{sha} string Idempotency-Key of POST /jobs -> {fingerprint, job_id}, kept IDEMPOTENCY_TTL_S
@@ -40,7 +41,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from mpjobs.contract.jobs import JobState
-from mpjobs.contract.records import LayerCheck, StepRecord
+from mpjobs.contract.records import EvalRecord, LayerCheck, StepRecord
 
 PREFIX = "mpjobs:"
 RUNNING = f"{PREFIX}running"
@@ -74,6 +75,10 @@ def layers_key(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:layers"
 
 
+def evaluations_key(job_id: str) -> str:
+    return f"{PREFIX}job:{job_id}:evaluations"
+
+
 def view_key(job_id: str, max_points: int) -> str:
     return f"{PREFIX}job:{job_id}:view:{max_points}"
 
@@ -96,7 +101,7 @@ def job_keys(job_id: str, view_sizes: Iterable[int]) -> list[str]:
     lease second, where the purge script reads them. A new per-job key belongs here, or a purge leaves it."""
     views = [key for n in sorted(view_sizes) for key in (view_key(job_id, n), view_fresh_key(job_id, n))]
     return [job_key(job_id), lease_key(job_id), events_key(job_id), metrics_key(job_id), rollup_key(job_id),
-            layers_key(job_id), archive_claim_key(job_id), *views]
+            layers_key(job_id), archive_claim_key(job_id), *views, evaluations_key(job_id)]
 
 
 def comparison_key(comparison_id: str) -> str:
@@ -164,3 +169,15 @@ def layers_fields(check: LayerCheck) -> dict[str, str]:
 
 def layer_check(fields: dict[str, Any]) -> LayerCheck:
     return LayerCheck.model_validate_json(fields[LAYERS_FIELD])
+
+
+EVALUATION_FIELD = "e"
+"""The field of an evaluations entry that holds its EvalRecord as JSON."""
+
+
+def evaluation_fields(record: EvalRecord) -> dict[str, str]:
+    return {EVALUATION_FIELD: record.model_dump_json()}
+
+
+def evaluation_record(fields: dict[str, Any]) -> EvalRecord:
+    return EvalRecord.model_validate_json(fields[EVALUATION_FIELD])

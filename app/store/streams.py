@@ -17,6 +17,7 @@ from app.store.keys import (
     STEP_FIELD,
     after,
     entry_id,
+    evaluations_key,
     job_key,
     layer_check,
     layers_fields,
@@ -94,12 +95,12 @@ class MetricStreams(RedisBacked):
                 pipe.execute()
 
     def rewind_metrics(self, job_id: str, keep_step: int) -> int:
-        """Drop steps after `keep_step` (their rollups and layer checks too) so a resumed attempt rewrites
+        """Drop steps after `keep_step` (their rollups, layer checks and evaluations too) so a resumed attempt rewrites
         them once. Returns how many entries went."""
-        keys = [metrics_key(job_id), rollup_key(job_id), layers_key(job_id)]
+        keys = [metrics_key(job_id), rollup_key(job_id), layers_key(job_id), evaluations_key(job_id)]
         kept_rollups = keep_step // ROLLUP_STEPS
         args = [after(keep_step), entry_id(keep_step), after(kept_rollups), entry_id(kept_rollups),
-                after(keep_step), entry_id(keep_step)]
+                after(keep_step), entry_id(keep_step), after(keep_step), entry_id(keep_step)]
         removed = int(self._run("rewind", keys, args))
         self._hset_existing(job_key(job_id), {"step": keep_step})
         return removed

@@ -15,7 +15,7 @@ from mpjobs import Client
 from mpjobs.cli.exit_codes import CliError, Exit, exit_for
 from mpjobs.cli.spec_flags import build_spec, file_spec
 from mpjobs.cli.watch import watch, watch_comparison
-from mpjobs.cli.words import comparison_report, layers_report, spec_words, summary_lines, table
+from mpjobs.cli.words import comparison_report, evaluations_table, layers_report, spec_words, summary_lines, table
 from mpjobs.contract.jobs import JobState, MetricsPage
 from mpjobs.contract.records import LayerNumerics
 
@@ -167,6 +167,17 @@ def cmd_layers(client: Client, args: argparse.Namespace) -> int:
         out.write((layers_report(args.job_id, latest, count) if latest else
                    f"job {args.job_id}: no layer checks yet (under float32 there are none unless "
                    "training.layer_check_every is set)") + "\n")
+    return Exit.OK
+
+
+def cmd_evaluations(client: Client, args: argparse.Namespace) -> int:
+    records = [r.model_dump(mode="json") for r in client.job(args.job_id).evaluations()]
+    with _output(args) as out:
+        if args.json:
+            out.writelines(json.dumps(r) + "\n" for r in records)
+        else:
+            out.write((evaluations_table(records) if records else f"job {args.job_id}: no evaluations yet (a job "
+                       "is evaluated only when its spec has `validation`)") + "\n")
     return Exit.OK
 
 

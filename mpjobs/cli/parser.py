@@ -11,6 +11,7 @@ from mpjobs.cli.commands import (
     cmd_cancel,
     cmd_compare,
     cmd_delete,
+    cmd_evaluations,
     cmd_layers,
     cmd_list,
     cmd_metrics,
@@ -132,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
                 "marking where underflow begins; every check as CSV with --csv")
     p.add_argument("job_id", metavar="ID")
     p.add_argument("--csv", action="store_true", help="every check, one row per step and layer, with a header row")
+    p.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
+    p = command("evaluations", cmd_evaluations, "every evaluation on the held-out rows: step, loss, each metric, "
+                "examples and seconds; JSON lines with --json")
+    p.add_argument("job_id", metavar="ID")
+    p.add_argument("--json", action="store_true", help="one evaluation record per line")
     p.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
     p = command("cancel", cmd_cancel, "cancel a queued or running job", ())
     p.add_argument("job_id", metavar="ID")

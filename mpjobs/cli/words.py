@@ -76,6 +76,9 @@ def summary_lines(job: dict[str, Any]) -> list[str]:
           if s.get("underflow_layer") else []),
         *([f"  overflow risk    {s['overflow_layer']} (step {s['overflow_step']})"] if s.get("overflow_layer") else []),
         f"  throughput       {_or_dash(speed, rate, 'n/a')} examples/s",
+        *([f"  validation       {_eval_words(s['validation'])} (mpjobs evaluations {job['id']})"]
+          if s.get("validation") else []),
+        *([f"  data             {_data_words(s['data'])}"] if s.get("data") and s.get("validation") else []),
     ]
     if s.get("precision_speed"):
         lines.append(f"  precision speed  {precision_speed_words(s['precision_speed'])}")
@@ -85,6 +88,25 @@ def summary_lines(job: dict[str, Any]) -> list[str]:
         since = f", from step {d['first_step']}" if d.get("first_step") is not None else ""
         lines.append(f"    - {d['message']} ({d['code']}{since})")
     return lines
+
+
+def _eval_words(e: dict[str, Any]) -> str:
+    metrics = "".join(f", {name} {num(value)}" for name, value in e["metrics"].items())
+    return f"loss {num(e['loss'])}{metrics} on {e['examples']} held-out rows at step {e['step']}"
+
+
+def _data_words(d: dict[str, Any]) -> str:
+    return (f"{d['rows']} rows trained on ({d['held_out_rows']} held out), {number(d['epochs'], 3)} epochs of "
+            f"{d['steps_per_epoch']} steps, each reshuffled; {d['dropped_per_epoch']} rows of each epoch dropped "
+            "(the partial batch)")
+
+
+def evaluations_table(records: list[dict[str, Any]]) -> str:
+    """One row per evaluation: step, loss, each metric, held-out rows and seconds."""
+    names = list(records[0]["metrics"])
+    return table(["step", "loss", *names, "examples", "seconds"],
+                 [[str(r["step"]), num(r["loss"]), *(num(r["metrics"].get(n)) for n in names),
+                   str(r["examples"]), number(r["seconds"], 3)] for r in records])
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mpjobs.contract.records import LayerCheck, StepRecord, Summary
+from mpjobs.contract.records import EvalRecord, LayerCheck, StepRecord, Summary
 from mpjobs.contract.spec import JobSpec
 
 
@@ -115,6 +115,14 @@ class LayersPage(BaseModel):
     """Layer checks in step order, each once."""
     next_after: int | None
     """Pass as `after` for the next page; null when no more checks exist yet."""
+
+
+class EvaluationsPage(BaseModel):
+    job_id: str
+    evaluations: list[EvalRecord]
+    """Evaluations on the held-out rows in step order, each once."""
+    next_after: int | None
+    """Pass as `after` for the next page; null when no more evaluations exist yet."""
 
 
 class Stat(BaseModel):

@@ -214,6 +214,38 @@ class VariantSpeed(Strict):
     """The `slow_precision_on_device` message the measurement earned, if any."""
 
 
+class EvalRecord(Strict):
+    """One evaluation of the trained model, in the job's precision, on all held-out rows (null: not finite)."""
+
+    step: int
+    loss: float | None
+    """The mean per-example loss over the held-out rows, the training loss's function, no weight penalties."""
+    metrics: dict[str, float | None] = {}
+    """Each of `validation.metrics` by name, over the held-out rows."""
+    examples: int
+    """Held-out rows evaluated: all of them, in batches of training.batch_size."""
+    seconds: float
+    """Wall time of this evaluation (predictions, loss and metrics)."""
+    time: float
+    """Unix time at its end."""
+
+
+class DataUse(Strict):
+    """What training did with the data (worker/engine/data.py): stated, so no one has to guess."""
+
+    rows: int
+    """Rows trained on (after any held-out split)."""
+    held_out_rows: int = 0
+    """Rows evaluated on, never trained on: a split of the data, or a dataset of their own."""
+    steps_per_epoch: int
+    """rows // batch_size: each epoch is one pass over a fresh permutation of the rows."""
+    epochs: float
+    """Steps done / steps_per_epoch."""
+    dropped_per_epoch: int
+    """rows % batch_size: the last partial batch of each epoch is dropped (other rows each epoch)."""
+    shuffle: str = "each epoch e: numpy.random.default_rng([training.seed, e]).permutation(rows)"
+
+
 class Summary(Strict):
     steps_done: int
     final_loss: float | None
@@ -245,3 +277,7 @@ class Summary(Strict):
     """The first layer whose activations came within two doublings of overflow, at the first check that saw one."""
     overflow_step: int | None = None
     diagnoses: list[Diagnosis] = []
+    validation: EvalRecord | None = None
+    """The final evaluation on the held-out rows (null: no `validation` in the spec)."""
+    data: DataUse | None = None
+    """What training did with the data: rows, epochs, shuffling, the dropped partial batch."""

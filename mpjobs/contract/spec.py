@@ -15,13 +15,7 @@ from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    Discriminator,
-    Field,
-    Tag,
-    field_validator,
-    model_validator,
-)
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from mpjobs.contract.model_specs import ModelSpec, model_tag
 from mpjobs.contract.strict import Integer, Number, Strict, Text
@@ -197,6 +191,9 @@ class Variant(Strict):
         return f"{self.precision_policy.value} + {scale.mode}"
 
 
+from mpjobs.contract.evaluation import ValidationSpec, check_metrics, loss_name_of  # noqa: E402  (reads DatasetSpec)
+
+
 class JobSpec(Strict):
     name: Text | None = Field(None, max_length=200)
     model: ModelSpec
@@ -211,6 +208,8 @@ class JobSpec(Strict):
     None: its own policy, on a CPU, when that computes in float16/bfloat16. A list: each of these
     variants, on any device; a comparison's float32 baseline times them all in one measurement,
     and its other variants get []: nothing."""
+    validation: ValidationSpec | None = None
+    """Held-out evaluation, its metrics and interval (mpjobs/contract/evaluation.py). None: none."""
 
     @field_validator("loss_scale", mode="before")
     @classmethod
@@ -225,12 +224,10 @@ class JobSpec(Strict):
     @model_validator(mode="after")
     def _default_loss_scale(self) -> JobSpec:
         if self.loss_scale is None:
-            default: NoLossScale | DynamicLossScale = (
-                DynamicLossScale()
-                if self.precision_policy.compute_dtype == "float16"
-                else NoLossScale()
-            )
-            object.__setattr__(self, "loss_scale", default)
+            half = self.precision_policy.compute_dtype == "float16"
+            object.__setattr__(self, "loss_scale", DynamicLossScale() if half else NoLossScale())
+        if self.validation is not None:
+            check_metrics(self.validation.metrics, loss_name_of(self.model))
         return self
 
 

@@ -635,3 +635,25 @@ def test_the_loss_scale_axis_labels_the_powers_the_run_visited(
     assert most in ticks, (ticks, at)
     assert set(ticks) <= set(at), "every label is a scale the run was at"
     assert len(ticks) >= 4 and ticks == sorted(ticks)
+
+
+def test_the_job_page_charts_the_held_out_evaluations_and_states_them_in_the_summary(
+    keyed_stack: Stack, api: httpx.Client, browser: WebDriver,
+) -> None:
+    created = api.post("/jobs", json={
+        "model": {"name": "mlp", "input_dim": 8, "hidden_units": 16}, "dataset": {"samples": 256},
+        "training": {"steps": 6, "batch_size": 16},
+        "validation": {"split": 0.25, "metrics": ["accuracy"], "eval_every": 2}})
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    job = keyed_stack.wait_for_state(api, job_id, {"succeeded", "failed"})
+    assert job["state"] == "succeeded", job["error"]
+    open_dashboard(browser, keyed_stack, f"#/jobs/{job_id}")
+    # Two series (loss, accuracy), each at steps 2, 4 and 6.
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-testid="chart-validation"]')
+             and attr(d, "chart-validation", "data-series") == "2"
+             and attr(d, "chart-validation", "data-points") == "6", 20, "the held-out evaluation chart")
+    summary = text_of(browser, "summary")
+    assert "Held-out evaluation (final)" in summary and "on 64 held-out rows at step 6" in summary
+    assert "192 rows trained on (64 held out)" in summary
+    assert page_errors(browser) == []

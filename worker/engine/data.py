@@ -4,6 +4,8 @@ The batch order is a pure function of (seed, step): epoch `e` is the
 permutation drawn from `default_rng([seed, e])`, and the trailing partial
 batch is dropped. A resumed run needs nothing but the step to continue with
 exactly the batches an uninterrupted run would have seen.
+
+A `validation.split` holds rows out first (`split_rows`): training sees only the rest, as its rows.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from app.core.errors import InvalidDataset
+from mpjobs.contract.evaluation import ValidationSplit
+from mpjobs.contract.records import DataUse
 from mpjobs.contract.spec import JobSpec, NpzDataset
 
 TEACHER_WIDTH = 64
@@ -199,3 +203,51 @@ def load_dataset(
             f"dataset has {len(x)} samples, fewer than training.batch_size={spec.training.batch_size}."
         )
     return Dataset(x, y, spec.training.batch_size, spec.training.seed)
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """The rows a job is evaluated on, never trained on."""
+
+    x: np.ndarray
+    y: np.ndarray
+    rows: np.ndarray
+    """Their indices in the job's dataset (a split), or 0..n-1 in a validation dataset of their own."""
+
+
+def split_rows(rows: int, split: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(held-out, training) row indices, each ascending: of `numpy.random.default_rng(seed).permutation(rows)`,
+    the first floor(split * rows + 0.5) (at least 1, at most rows - 1) are held out, the rest trained on."""
+    order = np.random.default_rng(seed).permutation(rows)
+    count = max(1, min(rows - 1, math.floor(split * rows + 0.5)))
+    return np.sort(order[:count]), np.sort(order[count:])
+
+
+def hold_out(spec: JobSpec, dataset: Dataset, input_shape: tuple[int, ...], data_root: Path
+             ) -> tuple[Dataset, HeldOut | None]:
+    """The job's training data less its held-out rows, and those rows (None: no `validation`)."""
+    v = spec.validation
+    if v is None:
+        return dataset, None
+    if isinstance(v, ValidationSplit):
+        held, kept = split_rows(len(dataset.x), v.split, v.seed)
+        if len(kept) < dataset.batch_size:
+            raise InvalidDataset(f"validation.split={v.split} leaves {len(kept)} rows to train on, fewer than "
+                                 f"training.batch_size={dataset.batch_size}. Expected a smaller split or more rows.")
+        trained = Dataset(dataset.x[kept], dataset.y[kept], dataset.batch_size, dataset.seed)
+        return trained, HeldOut(dataset.x[held], dataset.y[held], held)
+    if not isinstance(v.dataset, NpzDataset):
+        raise InvalidDataset(f"validation.dataset must be of kind 'npz'. Received: kind={v.dataset.kind!r}")
+    x, y = load_npz(v.dataset, data_root)
+    if tuple(x.shape[1:]) != tuple(input_shape) or y.shape[1:] != dataset.y.shape[1:]:
+        raise InvalidDataset(f"validation.dataset {v.dataset.path!r} holds x of shape {tuple(x.shape[1:])} and y of "
+                             f"{tuple(y.shape[1:])} per row; expected those of the training data: "
+                             f"{tuple(input_shape)} and {tuple(dataset.y.shape[1:])}.")
+    return dataset, HeldOut(x, y, np.arange(len(x)))
+
+
+def data_use(dataset: Dataset, held_out: HeldOut | None, steps_done: int) -> DataUse:
+    """What training does with the data, in the summary's words."""
+    rows, per_epoch = len(dataset.x), dataset.steps_per_epoch
+    return DataUse(rows=rows, held_out_rows=0 if held_out is None else len(held_out.rows), steps_per_epoch=per_epoch,
+                   epochs=steps_done / per_epoch, dropped_per_epoch=rows % dataset.batch_size)

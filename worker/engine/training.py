@@ -26,10 +26,11 @@ from mpjobs.contract.records import Summary
 from mpjobs.contract.spec import JobSpec, LossScaleMode, PrecisionPolicy
 from worker.callbacks.checkpointer import Checkpointer
 from worker.callbacks.divergence import DivergenceGuard
+from worker.callbacks.evaluator import Evaluator
 from worker.callbacks.recorder import StepRecorder
 from worker.callbacks.stop_control import StopControl
 from worker.engine import checkpoint
-from worker.engine.data import FIRST_SEGMENT_BYTES, load_dataset
+from worker.engine.data import FIRST_SEGMENT_BYTES, data_use, hold_out, load_dataset
 from worker.engine.devices import DeviceInfo, detect_device, distribution, slow_precision_message
 from worker.engine.failures import named_failure
 from worker.engine.memory import check_fits, release
@@ -160,6 +161,7 @@ class Training:
             spec, tuple(model.input_shape[1:]), tuple(model.output_shape[1:]), built.loss_name,
             settings.data_root, _token_ids(model, spec),
         )
+        self.dataset, held = hold_out(spec, self.dataset, tuple(model.input_shape[1:]), settings.data_root)
         set_phase("restoring the checkpoint")
 
         self.fingerprint = spec_fingerprint(spec)
@@ -180,6 +182,7 @@ class Training:
             checkpoint.restore(optimizer.variables, saved.optimizer_values)
             self.start, summary_state = saved.step, saved.summary_state
         self.builder = SummaryBuilder(context, summary_state)
+        self.builder.data_use = lambda done: data_use(self.dataset, held, done)
         self.writer = checkpoint.CheckpointWriter(out)
         self.check: Float32Check | None = None
         # The float32 and layer checks differentiate outside `fit`, on one device: off on several (docs/numerics.md).
@@ -201,11 +204,17 @@ class Training:
             layer_checks=None if self.check is None else self.check.layer_results,
         )
         self.divergence = DivergenceGuard(self.recorder, self.builder)
+        self.evaluator: Evaluator | None = None
+        if (v := spec.validation) is not None and held is not None:
+            self.evaluator = Evaluator(held_out=held, loss=built.loss, loss_name=built.loss_name, metrics=v.metrics,
+                                       every=v.eval_every, start_step=self.start, batch_size=t.batch_size,
+                                       reporter=reporter, builder=self.builder, out=out)
+            self.evaluator.set_model(model)
         self.stop = StopControl(should_stop, self.limit)
         # In this order: each step is recorded, judged, maybe checkpointed, then maybe stopped.
         self.callbacks: list[keras.callbacks.Callback] = [
-            self.recorder, self.divergence, Checkpointer(self.recorder, t.checkpoint_every, self.save_checkpoint),
-            self.stop]
+            self.recorder, self.divergence, *([self.evaluator] if self.evaluator else []),
+            Checkpointer(self.recorder, t.checkpoint_every, self.save_checkpoint), self.stop]
 
     def run(self) -> RunResult:
         """Every segment through `fit` until one says stop, then `finish`: what `run_job` does."""
@@ -263,6 +272,8 @@ class Training:
         set_phase("saving")
         try:
             self.recorder.publish()
+            if failure is None and self.evaluator is not None and builder.steps_done:  # stopped, timed out, done
+                self.evaluator.final(builder.steps_done)
             unsaved = builder.steps_done != self.start and builder.steps_done % t.checkpoint_every
             if failure is None and unsaved:
                 self.save_checkpoint(builder.steps_done)

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from mpjobs.contract.records import (
+    DataUse,
     Diagnosis,
     DiagnosisCode,
+    EvalRecord,
     LayerCheck,
     PrecisionSpeed,
     StepRecord,
@@ -89,6 +92,10 @@ class SummaryBuilder:
         self.overflow_layer: tuple[int, str, str] | None = _finding(s.get("overflow_layer"))
         diverged = s.get("diverged")
         self.diverged: tuple[int, str] | None = (int(diverged[0]), str(diverged[1])) if diverged else None
+        self.validation = EvalRecord.model_validate(s["validation"]) if s.get("validation") else None
+        """The latest evaluation on the held-out rows (worker/callbacks/evaluator.py), across a resume too."""
+        self.data_use: Callable[[int], DataUse] | None = None
+        """What training does with the data, for a number of steps done (worker.engine.data.data_use)."""
 
     def state(self) -> dict[str, Any]:
         return {
@@ -118,6 +125,7 @@ class SummaryBuilder:
             "layer_checks": self.layer_checks,
             "underflow_layer": list(self.underflow_layer) if self.underflow_layer else None,
             "overflow_layer": list(self.overflow_layer) if self.overflow_layer else None,
+            "validation": self.validation.model_dump(mode="json") if self.validation else None,
         }
 
     def _skip_words(self) -> str:
@@ -289,4 +297,6 @@ class SummaryBuilder:
             overflow_layer=self.overflow_layer[1] if self.overflow_layer else None,
             overflow_step=self.overflow_layer[0] if self.overflow_layer else None,
             diagnoses=self.diagnoses(),
+            validation=self.validation,
+            data=self.data_use(self.steps_done) if self.data_use else None,
         )

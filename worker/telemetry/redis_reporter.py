@@ -1,4 +1,4 @@
-"""RedisReporter: step records, layer checks, rollups, progress and the summary into Redis.
+"""RedisReporter: step records, layer checks, evaluations, rollups, progress and the summary into Redis.
 
 Training never waits for Redis: while Redis is unreachable (a restart, a
 failover) records and layer checks stay pending in memory and go out with the
@@ -15,7 +15,7 @@ import redis
 
 from app.store import JobStore
 from app.store.rollup import ROLLUP_STEPS, Rollup
-from mpjobs.contract.records import LayerCheck, StepRecord, Summary
+from mpjobs.contract.records import EvalRecord, LayerCheck, StepRecord, Summary
 
 log = logging.getLogger("mpjobs.worker")
 
@@ -32,6 +32,7 @@ class RedisReporter:
         self.pending: list[StepRecord] = []
         self.pending_rollups: list[tuple[int, Rollup]] = []
         self.pending_layers: list[LayerCheck] = []
+        self.pending_evaluations: list[EvalRecord] = []
         self.outage = False
         self.counted: set[str] = set()
         """Diagnosis codes already counted in the store's stats."""
@@ -61,8 +62,21 @@ class RedisReporter:
         """Held until the batch of steps that follows: they go out in its round trip."""
         self.pending_layers.extend(checks)
 
+    def evaluations(self, records: Sequence[EvalRecord]) -> None:
+        """Written at once (they are rare); held, like steps, while Redis is away."""
+        self.pending_evaluations.extend(records)
+        try:
+            self.store.evaluations.append(self.job_id, self.pending_evaluations)
+            self.pending_evaluations = []
+        except UNAVAILABLE:
+            self.outage = True
+
     def _send(self) -> None:
-        """Write every pending check, record and rollup in one round trip; raises while Redis is away."""
+        """Write every pending check, record and rollup in one round trip (evaluations held over an outage
+        just before); raises while Redis is away."""
+        if self.pending_evaluations:  # before the steps: a reader that sees step s sees its evaluation
+            self.store.evaluations.append(self.job_id, self.pending_evaluations)
+            self.pending_evaluations = []
         self.store.streams.append_steps(self.job_id, self.pending, self.pending_rollups, self.pending_layers)
         if self.outage:
             log.warning("redis is back; wrote %d held step records and %d layer checks", len(self.pending),
@@ -85,3 +99,6 @@ class RedisReporter:
         caller to retry."""
         if self.pending or self.pending_rollups or self.pending_layers:
             self._send()
+        if self.pending_evaluations:
+            self.store.evaluations.append(self.job_id, self.pending_evaluations)
+            self.pending_evaluations = []

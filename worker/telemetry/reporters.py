@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Protocol
 
-from mpjobs.contract.records import LayerCheck, StepRecord, Summary
+from mpjobs.contract.records import EvalRecord, LayerCheck, StepRecord, Summary
 
 
 class Reporter(Protocol):
@@ -25,6 +25,10 @@ class Reporter(Protocol):
         """Layer checks, handed over just before the batch of steps that holds their steps."""
         ...
 
+    def evaluations(self, records: Sequence[EvalRecord]) -> None:
+        """Evaluations on the held-out rows (worker/callbacks/evaluator.py), each as soon as it is done."""
+        ...
+
     def summary(self, summary: Summary) -> None: ...
 
 
@@ -34,6 +38,7 @@ class ListReporter:
     def __init__(self) -> None:
         self.records: list[StepRecord] = []
         self.layer_checks: list[LayerCheck] = []
+        self.evaluation_records: list[EvalRecord] = []
         self.batches: int = 0
         self.summaries: list[Summary] = []
 
@@ -43,6 +48,9 @@ class ListReporter:
 
     def layers(self, checks: Sequence[LayerCheck]) -> None:
         self.layer_checks.extend(checks)
+
+    def evaluations(self, records: Sequence[EvalRecord]) -> None:
+        self.evaluation_records.extend(records)
 
     def summary(self, summary: Summary) -> None:
         self.summaries.append(summary)
@@ -62,13 +70,18 @@ class FanOut:
         for reporter in self.reporters:
             reporter.layers(checks)
 
+    def evaluations(self, records: Sequence[EvalRecord]) -> None:
+        for reporter in self.reporters:
+            reporter.evaluations(records)
+
     def summary(self, summary: Summary) -> None:
         for reporter in self.reporters:
             reporter.summary(summary)
 
 
 class JsonLinesReporter:
-    """Prints one JSON line per step record and a `{"layers": ...}` line per layer check (`python -m worker.train`)."""
+    """Prints one JSON line per step record, a `{"layers": ...}` line per layer check and an `{"evaluation": ...}`
+    line per evaluation (`python -m worker.train`)."""
 
     def __init__(self, stream: IO[str] = sys.stdout) -> None:
         self.stream = stream
@@ -79,6 +92,10 @@ class JsonLinesReporter:
 
     def layers(self, checks: Sequence[LayerCheck]) -> None:
         self.stream.write("".join(json.dumps({"layers": c.model_dump(mode="json")}) + "\n" for c in checks))
+        self.stream.flush()
+
+    def evaluations(self, records: Sequence[EvalRecord]) -> None:
+        self.stream.write("".join(json.dumps({"evaluation": r.model_dump(mode="json")}) + "\n" for r in records))
         self.stream.flush()
 
     def summary(self, summary: Summary) -> None:

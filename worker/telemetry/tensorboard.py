@@ -6,7 +6,7 @@ not TensorFlow: the same writer serves the TensorFlow and JAX backends.
 
 A layer check adds, at its step, one scalar per layer and numeric field, tagged
 `layers/<layer name>/<field>` (`layers/conv3d/excess_zero_fraction`); a null
-field is left out.
+field is left out. An evaluation adds `validation/loss` and `validation/<metric>` at its step.
 
 A resumed attempt starts its file with a `SessionLog.START` at the step after
 its checkpoint; TensorBoard then drops the points the lost attempt wrote past
@@ -30,7 +30,7 @@ from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.types_pb2 import DT_STRING
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from mpjobs.contract.records import LayerCheck, LayerNumerics, StepRecord, Summary
+from mpjobs.contract.records import EvalRecord, LayerCheck, LayerNumerics, StepRecord, Summary
 
 log = logging.getLogger("mpjobs.worker")
 
@@ -70,6 +70,13 @@ def layers_event(check: LayerCheck) -> Event:
     return Event(wall_time=check.time, step=check.step, summary=TbSummary(value=values))
 
 
+def evaluation_event(record: EvalRecord) -> Event:
+    named = {"loss": record.loss, **record.metrics}
+    values = [TbSummary.Value(tag=f"validation/{name}", simple_value=math.nan if value is None else float(value))
+              for name, value in named.items()]
+    return Event(wall_time=record.time, step=record.step, summary=TbSummary(value=values))
+
+
 def text_event(tag: str, text: str) -> Event:
     """A Markdown note in TensorBoard's Text tab, at step 0."""
     value = TbSummary.Value(
@@ -91,7 +98,7 @@ class TensorBoardReporter:
         self.logdir = logdir
         self.failures = 0
         """Batches whose events could not be written: the first is logged with its error, the rest counted."""
-        self._queue: queue.SimpleQueue[Sequence[StepRecord | LayerCheck] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Sequence[StepRecord | LayerCheck | EvalRecord] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._write, name="tensorboard-writer", daemon=True)
         self._writer: EventFileWriter | None = None
         try:
@@ -112,7 +119,9 @@ class TensorBoardReporter:
         while (items := self._queue.get()) is not None:
             try:
                 for item in items:
-                    self._writer.add_event(step_event(item) if isinstance(item, StepRecord) else layers_event(item))
+                    self._writer.add_event(step_event(item) if isinstance(item, StepRecord) else
+                                           layers_event(item) if isinstance(item, LayerCheck) else
+                                           evaluation_event(item))
             except Exception:  # a full disk must not fail training; the metrics are also in Redis
                 self.failures += 1
                 if self.failures == 1:  # once: a full disk would fail every batch from here on
@@ -125,6 +134,10 @@ class TensorBoardReporter:
     def layers(self, checks: Sequence[LayerCheck]) -> None:
         if self._writer is not None:
             self._queue.put(list(checks))
+
+    def evaluations(self, records: Sequence[EvalRecord]) -> None:
+        if self._writer is not None:
+            self._queue.put(list(records))
 
     def summary(self, summary: Summary) -> None:
         """The summary is in the job record; TensorBoard gets the per-step scalars."""

@@ -1,1 +1,1 @@
-"""One router per resource: jobs, metrics, layer checks, comparisons, health, Prometheus and the dashboard."""
+"""One router per resource: jobs, metrics, layer checks, evaluations, comparisons, health, Prometheus, dashboard."""

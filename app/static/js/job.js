@@ -1,7 +1,7 @@
 // #/jobs/<id>: live charts and layer checks over the metrics stream, summary, diagnoses, transitions, cancel.
 
 import { api, followMetrics } from "./api.js";
-import { JobCharts } from "./charts.js";
+import { JobCharts, OverlayChart } from "./charts.js";
 import { LayersPanel, layersHref } from "./layers.js";
 import {
   TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtRate, fmtRatioRange, fmtSpeed, fmtTime, h, lossScaleText, poll,
@@ -28,11 +28,27 @@ function summaryList(summary) {
     ] : []),
     ...(summary.float32_check_error ? [["Float32 check", summary.float32_check_error]] : []),
     ["Throughput (examples/s)", fmtRate(summary.mean_examples_per_sec)],
+    ...(summary.validation ? [["Held-out evaluation (final)", evaluationText(summary.validation)]] : []),
+    ...(summary.data ? [["Data", `${summary.data.rows} rows trained on (${summary.data.held_out_rows} held out), `
+      + `${fmtNumber(summary.data.epochs)} epochs, ${summary.data.dropped_per_epoch} rows of each dropped`]] : []),
   ];
   const ps = summary.precision_speed;
   if (ps) rows.push(["Step time against float32 (this CPU)", precisionSpeedText(ps)]);
   return h("dl", { class: "summary", "data-testid": "summary" },
     rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))]));
+}
+
+// Mirrors mpjobs/cli/words.py _eval_words.
+function evaluationText(e) {
+  const metrics = Object.entries(e.metrics).map(([name, value]) => `, ${name} ${fmtNumber(value)}`).join("");
+  return `loss ${fmtNumber(e.loss)}${metrics} on ${e.examples} held-out rows at step ${e.step}`;
+}
+
+// The held-out evaluations as one chart: the loss and each metric against the step.
+function evaluationRuns(evaluations) {
+  const names = ["loss", ...Object.keys(evaluations[0]?.metrics ?? {})];
+  return names.map((name) => ({ label: name, points: evaluations.map((e) =>
+    [e.step, name === "loss" ? e.loss : e.metrics[name]]).filter(([, v]) => v !== null && v !== undefined) }));
 }
 
 // Mirrors mpjobs/cli/words.py precision_speed_words.
@@ -96,6 +112,21 @@ export function jobView(root, jobId, layersTarget) {
   root.append(h("p", {}, h("a", { href: "#/jobs" }, "← Jobs")), page);
   const charts = new JobCharts(chartsBox);
   let job = null;
+  const evaluations = new Map(); // step -> EvalRecord, from the pages and the stream alike
+  let evalChart = null;
+  const addEvaluations = (records) => {
+    records.forEach((e) => evaluations.set(e.step, e));
+    if (!evaluations.size) return;
+    evalChart ??= new OverlayChart(chartsBox, "chart-validation", "Held-out evaluation (loss and metrics)");
+    evalChart.update(evaluationRuns([...evaluations.values()].sort((a, b) => a.step - b.step)));
+  };
+  const loadEvaluations = async () => {
+    for (let after = 0; after !== null;) {
+      const page = await api.get(`${path}/evaluations?after=${after}&limit=${PAGE}`);
+      addEvaluations(page.evaluations);
+      after = page.next_after;
+    }
+  };
 
   const cancelButton = h("button", { type: "button", class: "danger", "data-testid": "cancel-job", disabled: true },
     "Cancel");
@@ -160,6 +191,7 @@ export function jobView(root, jobId, layersTarget) {
       stopPolling = poll(refresh, POLL_MS);
       const after = await loadHistory(job.progress.step);
       await layers.load(controller.signal);
+      if (job.spec.validation) await loadEvaluations();
       let connections = 0;
       const ended = await followMetrics(jobId, {
         after,
@@ -172,6 +204,7 @@ export function jobView(root, jobId, layersTarget) {
         onEvent: (event) => {
           if (event.event === "metrics") charts.push(JSON.parse(event.data));
           else if (event.event === "layers") layers.add(JSON.parse(event.data), "stream");
+          else if (event.event === "evaluation") addEvaluations([JSON.parse(event.data)]);
           else if (event.event === "state" || event.event === "end") refresh().catch(() => {});
         },
       });
@@ -191,6 +224,7 @@ export function jobView(root, jobId, layersTarget) {
     controller.abort();
     stopPolling();
     charts.destroy();
+    evalChart?.destroy();
     layers.destroy();
   };
 }

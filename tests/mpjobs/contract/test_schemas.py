@@ -310,6 +310,11 @@ NUMBER_FIELDS: list[tuple[str, str, Any, Any]] = [
     ("TransformerModel", "dropout", lambda v: {"model": {"name": "transformer", "dropout": v}}, 0),
     ("TransformerModel", "classes", lambda v: {"model": {"name": "transformer", "classes": v}}, 3),
     ("ComparisonSpec", "tolerance", lambda v: {"spec": {"model": MLP}, "tolerance": v}, 1),
+    ("ValidationSplit", "split", lambda v: {"model": MLP, "validation": {"split": v}}, 0.25),
+    ("ValidationSplit", "seed", lambda v: {"model": MLP, "validation": {"split": 0.2, "seed": v}}, 4),
+    ("ValidationSplit", "eval_every", lambda v: {"model": MLP, "validation": {"split": 0.2, "eval_every": v}}, 5),
+    ("ValidationData", "eval_every",
+     lambda v: {"model": MLP, "validation": {"dataset": {"kind": "npz", "path": "v.npz"}, "eval_every": v}}, 5),
 ]
 
 

@@ -15,6 +15,7 @@ from redis import Redis
 from app.store.cancel import CancelFlags
 from app.store.comparisons import ComparisonRecord, Comparisons
 from app.store.counters import Counters
+from app.store.datasets import DatasetInUseBy, Datasets
 from app.store.history import MetricHistory
 from app.store.idempotency import IdempotencyKey
 from app.store.jobs import JobRecords
@@ -35,7 +36,8 @@ class JobStore:
     - `history`: reads of a job's metric history wherever it is, the streams or the archive (history.py);
     - `counters`: counters since the database began, and jobs per state (counters.py);
     - `views`: the cached bucketed views (views.py);
-    - `purges`: deleting ended jobs for good (purge.py).
+    - `purges`: deleting ended jobs for good (purge.py);
+    - `datasets`: uploaded datasets' records, and the jobs that train on them (datasets.py).
 
     `artifacts_dir` (ARTIFACTS_DIR) is where archived histories are read from; a store without it
     reads only what is in Redis.
@@ -52,6 +54,8 @@ class JobStore:
         self.counters = Counters(redis)
         self.views = ViewCache(redis)
         self.purges = Purges(redis)
+        self.datasets = Datasets(redis)
 
 
-__all__ = ["RAW_BUCKET_LIMIT", "VIEW_TTL_S", "ComparisonRecord", "IdempotencyKey", "JobStore", "PurgeRefusal"]
+__all__ = ["RAW_BUCKET_LIMIT", "VIEW_TTL_S", "ComparisonRecord", "DatasetInUseBy", "IdempotencyKey",
+           "JobStore", "PurgeRefusal"]

@@ -158,7 +158,7 @@ class Training:
         set_phase("preparing the data")
         self.dataset = load_dataset(
             spec, tuple(model.input_shape[1:]), tuple(model.output_shape[1:]), built.loss_name,
-            settings.data_root, _token_ids(model, spec),
+            settings.data_root, _token_ids(model, spec), settings.datasets_dir(),
         )
         set_phase("restoring the checkpoint")
 

@@ -114,8 +114,12 @@ def check_comparison(comparison: ComparisonSpec, store: JobStore, settings: Sett
 
 def _npz_headers(root: Path, relative: str, where: Loc) -> tuple[tuple[int, ...], tuple[int, ...]]:
     base = Path(os.path.realpath(root))
-    path = Path(os.path.realpath(base / relative))
-    if base not in path.parents or not path.is_file():
+    try:
+        path = Path(os.path.realpath(base / relative))
+        found = base in path.parents and path.is_file()
+    except OSError:  # a name too long for the file system, say: no such file either
+        found = False
+    if not found:
         raise DatasetRefused(where, f"Expected dataset.path to name an .npz file under the data root (DATA_ROOT). "
                                     f"Received: path={relative!r}, which does not exist there.")
     try:

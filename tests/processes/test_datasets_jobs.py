@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -90,3 +94,23 @@ def test_scikit_learns_digits_uploaded_by_the_client_train_a_keras_json_mlp(stac
             client.submit({**spec, "model": five}, data=(x, y))
         assert refused.value.errors == [("dataset.id", refused.value.errors[0][1])]
         assert "from 0 to 4" in refused.value.errors[0][1] and "values from 0 to 9" in refused.value.errors[0][1]
+
+
+def test_the_cli_uploads_a_file_once_prints_its_id_and_lists_it(stack: Stack, tmp_path: Path) -> None:
+    path = tmp_path / "data.npz"
+    path.write_bytes(npz_bytes(x=np.full((5, 3), 0.5), y=np.arange(5)))
+    expected = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def mpjobs(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "mpjobs.cli", "--url", stack.base_url, *args],
+                              capture_output=True, text=True, timeout=60)
+
+    first, again = mpjobs("upload", str(path)), mpjobs("upload", str(path))
+    assert first.returncode == again.returncode == 0, first.stderr
+    assert first.stdout.strip() == again.stdout.strip() == expected
+    listed = mpjobs("datasets")
+    row = next(line for line in listed.stdout.splitlines() if line.startswith(expected))
+    assert "5x3" in row and "<f8" in row and f"{path.stat().st_size:,}" in row
+    (tmp_path / "text.npz").write_text("x,y\n1,2\n")
+    refused = mpjobs("upload", str(tmp_path / "text.npz"))
+    assert refused.returncode == 2 and "not an .npz" in refused.stderr

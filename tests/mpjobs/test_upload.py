@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from mpjobs import Client, InvalidSpec
+from mpjobs import Client, InvalidSpec, Unavailable
 from mpjobs._datasets import write_npz
 
 X = np.arange(24, dtype=np.float32).reshape(6, 4)
@@ -96,3 +96,20 @@ def test_object_arrays_are_refused_before_anything_is_sent() -> None:
         with pytest.raises(ValueError, match="Python objects"):
             client.upload(np.array([{}, None], dtype=object), Y[:2])
     assert server.requests == []
+
+
+def test_compare_with_data_sets_the_dataset_of_the_spec_every_variant_runs() -> None:
+    expected = hashlib.sha256(_bytes(X, Y)).hexdigest()
+    sent: list[dict[str, Any]] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/comparisons":
+            sent.append(json.loads(request.read()))
+            return httpx.Response(503, json={"detail": "stop here"})
+        return Server({expected})(request)
+
+    with Client("http://api", transport=httpx.MockTransport(api)) as client, pytest.raises(Unavailable, match="stop"):
+        client.compare({"model": {"name": "mlp", "input_dim": 4, "classes": 3}}, ["float32", "mixed_bfloat16"],
+                       steps=3, data=(X, Y))
+    assert sent[0]["spec"]["dataset"] == {"kind": "uploaded", "id": expected}
+    assert sent[0]["spec"]["training"] == {"steps": 3}

@@ -8,6 +8,7 @@ time. `numpy.load(..., allow_pickle=False)` opens the archive, so what NumPy wou
 from __future__ import annotations
 
 import math
+import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ _KIND_WORDS = {"U": "text", "S": "bytes", "c": "complex numbers", "M": "dates", 
                "V": "raw records", "O": "Python objects (pickled)"}
 
 
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
+"""A zip member's local file header (30 bytes); its last two fields are the name's and the extra field's length."""
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
@@ -85,7 +88,7 @@ def inspect_npz(path: Path, check_values: bool = True) -> NpzInfo:
                                      f"received arrays: {sorted(names) or 'none'}.")
         zip_file = archive.zip
         assert zip_file is not None  # open until the `with` ends
-        infos = {name: _inspect_member(zip_file, name, check_values) for name in ARRAYS}
+        infos = {name: _inspect_member(zip_file, path, name, check_values) for name in ARRAYS}
     x, y = infos["x"], infos["y"]
     if not x.shape or not y.shape or x.shape[0] != y.shape[0]:
         raise BadArray("y", f"Expected 'x' and 'y' to have the same first dimension (one row per sample). "
@@ -93,14 +96,16 @@ def inspect_npz(path: Path, check_values: bool = True) -> NpzInfo:
     return NpzInfo(x, y)
 
 
-def _inspect_member(zip_file: zipfile.ZipFile, name: str, check_values: bool) -> ArrayInfo:
+def _inspect_member(zip_file: zipfile.ZipFile, path: Path, name: str, check_values: bool) -> ArrayInfo:
     try:
-        member = zip_file.open(f"{name}.npy")
+        info = zip_file.getinfo(f"{name}.npy")
+        member = _open_stored(path, info) if info.compress_type == zipfile.ZIP_STORED else zip_file.open(info)
     except KeyError:
         raise BadArray(name, f"Array {name!r} must be stored as {name}.npy in the .npz.") from None
     except (zipfile.BadZipFile, NotImplementedError, RuntimeError) as exc:
         raise NotAnNpz(f"Array {name!r} cannot be read from the .npz: {exc}") from None
     with member:
+        start = member.tell()
         try:
             version = np.lib.format.read_magic(member)
             if version not in _HEADER_READERS:
@@ -112,8 +117,26 @@ def _inspect_member(zip_file: zipfile.ZipFile, name: str, check_values: bool) ->
             words = _KIND_WORDS.get(dtype.kind, dtype.name)
             raise BadArray(name, f"Array {name!r} holds {words}: models train on numbers, so {name!r} must be an "
                                  f"array of floats, integers or booleans. Received: dtype={dtype.str!r}.")
+        data_bytes = math.prod(shape) * dtype.itemsize
+        if member.tell() - start + data_bytes > info.file_size:
+            raise BadArray(name, f"Array {name!r} is truncated: its header promises shape {tuple(shape)} "
+                                 f"({data_bytes} bytes), more than its {info.file_size} bytes in the .npz hold.")
         low, high = _scan(member, name, tuple(shape), bool(fortran), dtype) if check_values else (None, None)
     return ArrayInfo(tuple(int(n) for n in shape), dtype.str, low, high)
+
+
+def _open_stored(path: Path, info: zipfile.ZipInfo) -> IO[bytes]:
+    """An uncompressed member read straight from the file, at its data's offset: no zip layer, no CRC pass (the
+    bytes are checked as they are parsed, and their SHA-256 names them)."""
+    file = open(path, "rb")  # noqa: SIM115  closed by the caller's `with`
+    file.seek(info.header_offset)
+    head = file.read(_LOCAL_HEADER.size)
+    if len(head) != _LOCAL_HEADER.size or not head.startswith(b"PK\x03\x04"):
+        file.close()
+        raise zipfile.BadZipFile(f"no local header for {info.filename!r} at offset {info.header_offset}")
+    name_length, extra_length = _LOCAL_HEADER.unpack(head)[-2:]
+    file.seek(info.header_offset + _LOCAL_HEADER.size + name_length + extra_length)
+    return file
 
 
 def _scan(member: IO[bytes], name: str, shape: tuple[int, ...], fortran: bool, dtype: np.dtype
@@ -132,17 +155,18 @@ def _scan(member: IO[bytes], name: str, shape: tuple[int, ...], fortran: bool, d
             raise BadArray(name, f"Array {name!r} is truncated: its header promises shape {shape}, "
                                  f"but its data ends after {done + len(raw) // max(dtype.itemsize, 1)} values.")
         values = np.frombuffer(raw, dtype=dtype)
-        if dtype.kind == "f":
+        if dtype.kind == "b" or not values.size:
+            done += count
+            continue
+        chunk_low, chunk_high = float(values.min()), float(values.max())  # NaN if any is; -inf, inf if any is
+        if dtype.kind == "f" and not (math.isfinite(chunk_low) and math.isfinite(chunk_high)):
             bad = np.flatnonzero(~np.isfinite(values))
-            if bad.size:
-                rows = (bad + done) % shape[0] if fortran else (bad + done) // per_row
-                first_bad = int(rows.min()) if first_bad is None else min(first_bad, int(rows.min()))
-                if not fortran:
-                    break
-        if dtype.kind != "b" and values.size:
-            chunk_low, chunk_high = float(values.min()), float(values.max())
-            low = chunk_low if low is None else min(low, chunk_low)
-            high = chunk_high if high is None else max(high, chunk_high)
+            rows = (bad + done) % shape[0] if fortran else (bad + done) // per_row
+            first_bad = int(rows.min()) if first_bad is None else min(first_bad, int(rows.min()))
+            if not fortran:
+                break
+        low = chunk_low if low is None else min(low, chunk_low)
+        high = chunk_high if high is None else max(high, chunk_high)
         done += count
     if first_bad is not None:
         raise BadArray(name, f"Expected finite values: array {name!r} holds NaN or infinity in row {first_bad} "

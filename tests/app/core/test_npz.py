@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -56,3 +58,17 @@ def test_pickled_objects_missing_arrays_other_lengths_and_non_npz_are_refused(tm
     np.save(tmp_path / "a.npy", np.zeros(3))
     with pytest.raises(NotAnNpz):
         inspect_npz(tmp_path / "a.npy")
+
+
+def test_an_array_shorter_than_its_header_says_is_refused_as_truncated(tmp_path: Path) -> None:
+    full = io.BytesIO()
+    np.lib.format.write_array(full, np.ones((100, 3)))
+    short = full.getvalue()[: -8 * 3 * 90]  # ten rows of the hundred its header promises
+    with zipfile.ZipFile(tmp_path / "t.npz", "w") as archive:
+        archive.writestr("x.npy", short)
+        full = io.BytesIO()
+        np.lib.format.write_array(full, np.zeros(100))
+        archive.writestr("y.npy", full.getvalue())
+    with pytest.raises(BadArray, match="'x' is truncated") as refused:
+        inspect_npz(tmp_path / "t.npz")
+    assert refused.value.field == "x"

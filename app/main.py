@@ -21,16 +21,30 @@ from app.api.job_views import JobViews
 from app.api.limits import BodySizeLimit
 from app.api.page_reads import PageReads
 from app.api.redis_memory import MemoryGauge
-from app.api.routes import comparisons, dashboard, evaluations, health, jobs, layers, metrics, prometheus
+from app.api.routes import (
+    comparisons,
+    dashboard,
+    datasets,
+    evaluations,
+    health,
+    jobs,
+    layers,
+    metrics,
+    prometheus,
+)
 from app.api.services import LiveWorkers
 from app.api.validation import validation_error
 from app.core.config import Settings, get_settings
 from app.core.errors import (
+    DatasetInUse,
+    DatasetNotFound,
+    DatasetTooLarge,
     DeleteRefused,
     DomainError,
     IdempotencyConflict,
     JobAlreadyEnded,
     JobNotFound,
+    NotAnNpzBody,
     NotAuthenticated,
     ServiceUnavailable,
     SpecRefused,
@@ -46,6 +60,10 @@ _STATUS: dict[type[DomainError], int] = {
     DeleteRefused: status.HTTP_409_CONFLICT,
     JobAlreadyEnded: status.HTTP_409_CONFLICT,
     ServiceUnavailable: status.HTTP_503_SERVICE_UNAVAILABLE,
+    DatasetNotFound: status.HTTP_404_NOT_FOUND,
+    DatasetInUse: status.HTTP_409_CONFLICT,
+    DatasetTooLarge: status.HTTP_413_CONTENT_TOO_LARGE,
+    NotAnNpzBody: status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
 }
 
 
@@ -86,7 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="mpjobs", version="0.1.0", lifespan=lifespan,
                   description="Mixed-precision training jobs, with every step's numerics visible.")
     app.state.api_keys = parse_api_keys(settings.api_keys)
-    app.add_middleware(BodySizeLimit)
+    app.add_middleware(BodySizeLimit, streamed=frozenset({datasets.UPLOAD_PATH}))
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(metrics.router)
@@ -94,6 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(layers.router)
     app.include_router(evaluations.router)
     app.include_router(comparisons.router)
+    app.include_router(datasets.router)
     app.include_router(prometheus.router)
     app.include_router(dashboard.router)
     app.mount("/static", dashboard.static_files, name="static")
@@ -108,7 +127,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(SpecRefused)
     async def refused(request: Request, exc: SpecRefused) -> JSONResponse:
         # The shape of a validation error: a client handles a deployment limit like a bad field.
-        detail = [{"type": "limit_exceeded", "loc": ["body", *exc.loc], "msg": exc.message}]
+        detail = [{"type": exc.error_type, "loc": ["body", *exc.loc], "msg": exc.message}]
         return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
     @app.exception_handler(StarletteHTTPException)

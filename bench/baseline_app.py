@@ -4,7 +4,8 @@ the API served it before.
 Like for like with `app.main:app`: the same redis-py client options, created in a lifespan and held on
 `app.state`, and the same uvicorn options. `/aget` does its GET on redis.asyncio with no threadpool hop:
 the real limit of FastAPI + Redis, and the baseline of `GET /jobs/{id}`. `/get` is its sync twin, through
-Starlette's threadpool. `/page/{id}` is the validated metrics page, the baseline of today's pages.
+Starlette's threadpool. `/page/{id}` is the validated metrics page, the baseline of today's pages. `/sink`
+reads a request body as a stream and drops it: the floor of an upload (bench/upload.py).
 
     REDIS_URL=redis://127.0.0.1:6379/0 uvicorn bench.baseline_app:app --log-level warning --no-access-log
 """
@@ -59,3 +60,12 @@ def page(request: Request, job_id: str, after: int = 0, limit: int = 1000) -> Me
 @app.get("/aget")
 async def aget(request: Request) -> dict[str, str | None]:
     return {"value": await request.app.state.aredis.get(KEY)}
+
+
+@app.post("/sink")
+async def sink(request: Request) -> dict[str, int]:
+    """The upload benchmark's floor (bench/upload.py): the body read as a stream and dropped, nothing else."""
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+    return {"bytes": received}

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
 from mpjobs._comparison import Comparison
-from mpjobs._exceptions import BadResponse, mapped, raise_for
+from mpjobs._datasets import arrays_file, chunks, open_npz, sha256_of
+from mpjobs._exceptions import BadResponse, NotFound, mapped, raise_for
 from mpjobs._job import Job
 from mpjobs._reading import read
 from mpjobs._specs import as_dict, job_spec, variant
 from mpjobs.contract.comparisons import ComparisonPage
 from mpjobs.contract.comparisons import ComparisonReport as ComparisonResource
+from mpjobs.contract.datasets import DatasetPage, DatasetRecord
 from mpjobs.contract.jobs import JobPage, JobState
 from mpjobs.contract.jobs import JobRecord as JobResource
 
@@ -74,15 +77,23 @@ class Client:
 
     def submit(self, spec: Any, *, policy: str | None = None, loss_scale: Any = None, steps: int | None = None,
                batch_size: int | None = None, learning_rate: float | None = None, loss: str | None = None,
-               name: str | None = None, device: str | None = None, idempotency_key: str | None = None) -> Job:
+               name: str | None = None, device: str | None = None, idempotency_key: str | None = None,
+               data: tuple[Any, Any] | None = None) -> Job:
         """Queue a job. `spec`: a JobSpec, a dict as `POST /jobs` takes it, or a keras.Model (sent as its
         `to_json()`, its loss from `model.loss` once compiled, else `loss=`). The keywords set those fields
-        on top (`loss_scale`: "none", "fixed", "dynamic" or a dict). A retry with the same `idempotency_key`
+        on top (`loss_scale`: "none", "fixed", "dynamic" or a dict). `data=(x, y)`: train on these arrays,
+        uploaded first (`upload`) unless the server has them already. A retry with the same `idempotency_key`
         returns the first job. A spec the API refuses raises `InvalidSpec`, naming each field."""
         body = job_spec(spec, policy=policy, loss_scale=loss_scale, steps=steps, batch_size=batch_size,
                         learning_rate=learning_rate, loss=loss, name=name, device=device)
+        self._set_data(body, data)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return Job(self, read(JobResource, self.request("POST", "/jobs", json=body, headers=headers)))
+
+    def _set_data(self, body: dict[str, Any], data: tuple[Any, Any] | None) -> None:
+        if data is not None:
+            x, y = data
+            body["dataset"] = {"kind": "uploaded", "id": self.upload(x, y).id}
 
     def job(self, job_id: str) -> Job:
         return Job(self, read(JobResource, self.request("GET", f"/jobs/{job_id}")))
@@ -99,11 +110,14 @@ class Client:
     # --- comparisons ------------------------------------------------------------
 
     def compare(self, spec: Any, variants: list[Any] | None = None, *, name: str | None = None,
-                tolerance: float | None = None, idempotency_key: str | None = None, **overrides: Any) -> Comparison:
+                tolerance: float | None = None, idempotency_key: str | None = None,
+                data: tuple[Any, Any] | None = None, **overrides: Any) -> Comparison:
         """Run `spec` (as `submit` takes it, `overrides` its keywords) once per precision variant, same seed and
         data, and compare each with float32. `variants`: Variants, dicts or "POLICY[:MODE]" strings
-        ("mixed_float16:dynamic"); None: float32, mixed_float16 with and without loss scaling, mixed_bfloat16."""
+        ("mixed_float16:dynamic"); None: float32, mixed_float16 with and without loss scaling, mixed_bfloat16.
+        `data=(x, y)`: every variant trains on these arrays, uploaded as `submit` uploads them."""
         body: dict[str, Any] = {"spec": job_spec(spec, **overrides) if overrides else as_dict(spec)}
+        self._set_data(body["spec"], data)
         if variants is not None:
             body["variants"] = [variant(v) for v in variants]
         if name is not None:
@@ -124,3 +138,38 @@ class Client:
     def delete_comparison(self, comparison_id: str) -> None:
         """Delete a comparison and all its jobs for good, once every one has ended."""
         self.request("DELETE", f"/comparisons/{comparison_id}", params={"purge": "true"})
+
+    # --- datasets ----------------------------------------------------------------
+
+    def upload(self, x: Any, y: Any) -> DatasetRecord:
+        """Upload arrays `x` (inputs, samples first) and `y` (labels) as a dataset; returns its record, whose
+        `id` a spec names as `{"kind": "uploaded", "id": ...}`. The `.npz` is written to a temporary file and
+        hashed first: when the server already has these bytes, nothing is sent. Needs NumPy."""
+        with arrays_file(x, y) as file:
+            return self._upload(file)
+
+    def upload_file(self, path: str | Path) -> DatasetRecord:
+        """Upload an `.npz` file holding arrays `x` and `y`, as it is (nothing sent if the server has it)."""
+        with open_npz(path) as file:
+            return self._upload(file)
+
+    def _upload(self, file: IO[bytes]) -> DatasetRecord:
+        digest, size = sha256_of(file)
+        try:
+            return self.dataset(digest)
+        except NotFound:
+            pass
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(size)}
+        return read(DatasetRecord, self.request("POST", "/datasets", content=chunks(file), headers=headers))
+
+    def dataset(self, dataset_id: str) -> DatasetRecord:
+        """One of your datasets: its arrays' shapes and dtypes, bytes, hash and the jobs that train on it."""
+        return read(DatasetRecord, self.request("GET", f"/datasets/{dataset_id}"))
+
+    def datasets(self) -> list[DatasetRecord]:
+        """Your datasets, newest first."""
+        return read(DatasetPage, self.request("GET", "/datasets")).datasets
+
+    def delete_dataset(self, dataset_id: str) -> None:
+        """Delete one of your datasets; refused (`Conflict`) while a queued or running job trains on it."""
+        self.request("DELETE", f"/datasets/{dataset_id}")

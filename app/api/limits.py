@@ -11,13 +11,14 @@ MAX_BODY_BYTES = 1 * 2**20
 
 
 class BodySizeLimit:
-    """Checks Content-Length up front, and counts the bytes of chunked bodies."""
+    """Checks Content-Length up front, and counts the bytes of chunked bodies. A POST to one of the `streamed`
+    paths is passed through untouched: its route reads the body as a stream, under a limit of its own."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES, streamed: frozenset[str] = frozenset()) -> None:
+        self.app, self.max_bytes, self.streamed = app, max_bytes, streamed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (scope["method"] == "POST" and scope["path"] in self.streamed):
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers", [])).get(b"content-length")

@@ -15,6 +15,7 @@ from app.core.config import MODEL_ARTIFACT, Settings
 from app.core.errors import ArtifactNotFound, ComparisonNotFound, JobAlreadyEnded, JobNotFound
 from app.store import VIEW_TTL_S, ComparisonRecord, IdempotencyKey, JobStore
 from app.store import queue as queues
+from mpjobs.contract.data_specs import UploadedDataset
 from mpjobs.contract.jobs import EvaluationsPage, JobRecord, JobState, LayersPage
 from mpjobs.contract.spec import ComparisonSpec, JobSpec
 
@@ -30,7 +31,16 @@ def submit(store: JobStore, rq_redis: Redis, spec: JobSpec, tenant: str,
     job_id, created = store.jobs.create(spec, tenant, queues.queue_for(spec),
                                    lambda jid, pipe: queues.enqueue(rq_redis, spec, jid, pipe),
                                    rq_redis.pipeline(transaction=True), once)
+    _note_dataset_use(store, spec, tenant, [job_id])
     return get(store, job_id, tenant), created
+
+
+def _note_dataset_use(store: JobStore, spec: JobSpec | ComparisonSpec, tenant: str, job_ids: list[str]) -> None:
+    """Name the new jobs among their uploaded dataset's users, so it is not deleted while they may train on it."""
+    dataset = spec.spec.dataset if isinstance(spec, ComparisonSpec) else spec.dataset
+    if isinstance(dataset, UploadedDataset):
+        for job_id in job_ids:
+            store.datasets.add_job(tenant, dataset.id, job_id)
 
 
 def get(store: JobStore, job_id: str, tenant: str) -> JobRecord:
@@ -204,7 +214,9 @@ def submit_comparison(store: JobStore, rq_redis: Redis, spec: ComparisonSpec, te
     comparison_id, created = store.comparisons.create_comparison(
         spec, tenant, jobs, lambda job_id, job_spec, pipe: queues.enqueue(rq_redis, job_spec, job_id, pipe),
         rq_redis.pipeline(transaction=True), once)
-    return get_comparison(store, comparison_id, tenant), created
+    report = get_comparison(store, comparison_id, tenant)
+    _note_dataset_use(store, spec, tenant, [variant.job_id for variant in report.variants])
+    return report, created
 
 
 def _report(store: JobStore, record: ComparisonRecord) -> ComparisonReport:

@@ -16,6 +16,9 @@ MIN_SPEED_ROUNDS = 5
 MODEL_ARTIFACT = "model.keras"
 """The trained model's file name in a job's folder: `<ARTIFACTS_DIR>/<job id>/model.keras`."""
 
+DATASETS_FOLDER = "datasets"
+"""Uploaded datasets' folder under ARTIFACTS_DIR (no job id is spelled so: ids are 32 hex digits)."""
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_file=".env", extra="ignore")
@@ -72,6 +75,9 @@ class Settings(BaseSettings):
     """How long an ended job's step records, rollups and layer checks stay in Redis before they are
     archived to `<ARTIFACTS_DIR>/<job id>/history/` (Parquet) and their streams removed; reads then come
     from the archive. 0: archived as soon as the job ends. The job record and its events stay in Redis."""
+    dataset_max_bytes: int = Field(4 * 2**30, ge=1)
+    """The largest `.npz` `POST /datasets` takes, in bytes (4 GiB): a longer body is refused with 413 and
+    nothing of it is kept. Uploads are streamed to `<ARTIFACTS_DIR>/datasets/`, never held in memory."""
     api_keys: str = ""
     """`key:tenant,...`. Empty: open mode, for a local API bound to 127.0.0.1 only."""
 
@@ -84,6 +90,10 @@ class Settings(BaseSettings):
     def job_dir(self, job_id: str) -> Path:
         """`<ARTIFACTS_DIR>/<job id>`: the job's checkpoint, TensorBoard logs and trained model."""
         return self.artifacts_dir / job_id
+
+    def datasets_dir(self) -> Path:
+        """`<ARTIFACTS_DIR>/datasets`: uploaded datasets, one `<sha256>.npz` each, read by every worker."""
+        return self.artifacts_dir / DATASETS_FOLDER
 
     def model_path(self, job_id: str) -> Path:
         return self.job_dir(job_id) / MODEL_ARTIFACT

@@ -18,6 +18,11 @@ Error tree::
     │   ├── JobInComparison
     │   └── JobStillHeld
     ├── SpecRefused          HTTP 422 (valid, but over a deployment limit)
+    ├── DatasetNotFound      HTTP 404
+    ├── DatasetInUse         HTTP 409 (a queued or running job trains on it; nothing was deleted)
+    ├── DatasetTooLarge      HTTP 413 (over DATASET_MAX_BYTES; nothing kept)
+    ├── NotAnNpzBody         HTTP 415 (the upload is not an .npz)
+    ├── DatasetRefused       HTTP 422 (an .npz whose arrays cannot train a model; nothing kept)
     └── JobFailed            a job ended with a named FailureReason
         ├── InvalidModel         reason=invalid_model
         ├── InvalidDataset       reason=invalid_dataset
@@ -144,10 +149,41 @@ class SpecRefused(DomainError):
     `loc` is the field's path in the body, e.g. ("training", "max_seconds").
     """
 
+    error_type = "limit_exceeded"
+    """The `type` of the 422's one error."""
+
     def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
         super().__init__(message)
         self.loc = loc
         self.message = message
+
+
+class DatasetNotFound(DomainError):
+    def __init__(self, dataset_id: str) -> None:
+        super().__init__(f"No dataset with id {dataset_id!r}.")
+
+
+class DatasetInUse(DomainError):
+    def __init__(self, dataset_id: str, job_id: str, state: str) -> None:
+        super().__init__(f"Dataset {dataset_id!r} is used by job {job_id!r}, which is {state}. Cancel the job "
+                         f"(DELETE /jobs/{job_id}) or wait until it ends. Nothing was deleted.")
+
+
+class DatasetTooLarge(DomainError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"Expected an .npz of at most {limit} bytes (DATASET_MAX_BYTES); the upload is longer. "
+                         "Nothing of it was kept.")
+        self.limit = limit
+
+
+class NotAnNpzBody(DomainError):
+    """The uploaded bytes are not an `.npz` archive: nothing was kept."""
+
+
+class DatasetRefused(SpecRefused):
+    """A dataset that cannot train the model: `loc` names the array (("x",)) or the spec's field (("dataset", "id"))."""
+
+    error_type = "invalid_dataset"
 
 
 class JobFailed(DomainError):

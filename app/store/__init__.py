@@ -16,6 +16,7 @@ from app.store.cancel import CancelFlags
 from app.store.comparisons import ComparisonRecord, Comparisons
 from app.store.counters import Counters
 from app.store.evaluations import Evaluations
+from app.store.datasets import DatasetInUseBy, Datasets
 from app.store.history import MetricHistory
 from app.store.idempotency import IdempotencyKey
 from app.store.jobs import JobRecords
@@ -38,6 +39,7 @@ class JobStore:
     - `views`: the cached bucketed views (views.py);
     - `purges`: deleting ended jobs for good (purge.py);
     - `evaluations`: evaluations on the held-out rows, written and read page by page (evaluations.py).
+    - `datasets`: uploaded datasets' records, and the jobs that train on them (datasets.py).
 
     `artifacts_dir` (ARTIFACTS_DIR) is where archived histories are read from; a store without it
     reads only what is in Redis.
@@ -55,6 +57,8 @@ class JobStore:
         self.views = ViewCache(redis)
         self.purges = Purges(redis)
         self.evaluations = Evaluations(redis)
+        self.datasets = Datasets(redis)
 
 
-__all__ = ["RAW_BUCKET_LIMIT", "VIEW_TTL_S", "ComparisonRecord", "IdempotencyKey", "JobStore", "PurgeRefusal"]
+__all__ = ["RAW_BUCKET_LIMIT", "VIEW_TTL_S", "ComparisonRecord", "DatasetInUseBy", "IdempotencyKey",
+           "JobStore", "PurgeRefusal"]

@@ -22,6 +22,10 @@ Keys (prefix `mpjobs:`):
     stats               hash   counters since the database began: steps, skipped_steps, diagnoses:{code}
     cmp:{id}            hash   a precision comparison: its spec and its variants' job ids
     cmps:{tenant}       zset   the tenant's comparison ids, scored by creation sequence
+    dataset:{tenant}:{id}      hash the tenant's uploaded dataset: its arrays, bytes and time (id: its SHA-256)
+    dataset:{tenant}:{id}:jobs set  ids of the tenant's jobs that train on it
+    datasets:{tenant}   zset   the tenant's dataset ids, scored by upload time (Unix s)
+    dataset-owners:{id} set    tenants holding a record of the file `<ARTIFACTS_DIR>/datasets/{id}.npz`
 
 A step is one entry of `job:{id}:metrics`, id `{step}-0`, field `r` holding the StepRecord as JSON;
 a rollup one entry of `job:{id}:rollup`, id `{index}-0`, field `a`. Only this module spells them; the
@@ -138,6 +142,22 @@ ROLLUP_FIELD = "a"
 """The field of a rollup entry that holds its Rollup as JSON."""
 LAYERS_FIELD = "l"
 """The field of a layers entry that holds its LayerCheck as JSON."""
+
+
+def dataset_key(tenant: str, dataset_id: str) -> str:
+    return f"{PREFIX}dataset:{tenant}:{dataset_id}"
+
+
+def dataset_jobs_key(tenant: str, dataset_id: str) -> str:
+    return f"{PREFIX}dataset:{tenant}:{dataset_id}:jobs"
+
+
+def dataset_index_key(tenant: str) -> str:
+    return f"{PREFIX}datasets:{tenant}"
+
+
+def dataset_owners_key(dataset_id: str) -> str:
+    return f"{PREFIX}dataset-owners:{dataset_id}"
 
 
 def entry_id(number: int) -> str:

@@ -19,6 +19,7 @@ from mpjobs.cli.commands import (
     cmd_submit,
     cmd_watch,
 )
+from mpjobs.cli.dataset_commands import cmd_datasets, cmd_upload
 from mpjobs.cli.spec_flags import variant
 from mpjobs.contract.jobs import JobState
 from mpjobs.contract.spec import LossScaleMode, PrecisionPolicy
@@ -155,4 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, help="largest relative loss gap that still matches float32")
     p.add_argument("--show", metavar="ID", help="print an existing comparison instead of starting one")
     p.add_argument("--watch", action="store_true", help="poll until every variant has ended")
+    p = command("upload", cmd_upload, "upload an .npz of arrays x and y (sent only if the server lacks its bytes); "
+                "prints its dataset id, for a spec's {\"kind\": \"uploaded\", \"id\": ID}")
+    p.add_argument("file", metavar="FILE.npz")
+    command("datasets", cmd_datasets, "your uploaded datasets: id, shapes, dtypes, bytes, jobs")
     return parser

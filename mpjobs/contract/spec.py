@@ -12,11 +12,11 @@ DynamicLossScale(mode='dynamic', initial_scale=32768.0, growth_steps=2000)
 from __future__ import annotations
 
 from enum import StrEnum
-from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
+from mpjobs.contract.data_specs import NpzDataset, UploadedDataset
 from mpjobs.contract.model_specs import ModelSpec, model_tag
 from mpjobs.contract.strict import Integer, Number, Strict, Text
 
@@ -114,35 +114,18 @@ class SyntheticDataset(Strict):
     seed: Integer = Field(0, ge=0, le=2**31 - 1)
 
 
-class NpzDataset(Strict):
-    """Arrays `x` and `y` in a `.npz` file under the configured data root."""
-
-    kind: Literal["npz"] = "npz"
-    path: Text = Field(min_length=1, max_length=1024)
-
-    @field_validator("path")
-    @classmethod
-    def _relative_inside_root(cls, value: str) -> str:
-        path = PurePosixPath(value)
-        if path.is_absolute() or ".." in path.parts or "\\" in value or "\0" in value:
-            raise ValueError(
-                "dataset.path must be relative to the data root, without '..'. "
-                f"Received: path={value!r}"
-            )
-        return value
-
-
 def _dataset_tag(value: Any) -> str | None:
     kind = value.get("kind", "synthetic") if isinstance(value, dict) else getattr(value, "kind", None)
     return None if kind is None else str(kind)
 
 
 DatasetSpec = Annotated[
-    Annotated[SyntheticDataset, Tag("synthetic")] | Annotated[NpzDataset, Tag("npz")],
+    Annotated[SyntheticDataset, Tag("synthetic")] | Annotated[NpzDataset, Tag("npz")]
+    | Annotated[UploadedDataset, Tag("uploaded")],
     Discriminator(
         _dataset_tag,
         custom_error_type="invalid_dataset",
-        custom_error_message="dataset.kind must be one of 'synthetic', 'npz'",
+        custom_error_message="dataset.kind must be one of 'synthetic', 'npz', 'uploaded'",
     ),
 ]
 

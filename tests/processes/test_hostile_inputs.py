@@ -6,11 +6,13 @@ Its own Redis and API with two tenants' keys, and no worker: jobs stay queued, n
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from scripts.stack import Stack, private_stack
@@ -124,7 +126,27 @@ def test_the_routes_tried_above_are_every_route_with_an_id(client: httpx.Client)
     with_ids = {(method.upper(), path) for path, operations in client.get("/openapi.json").json()["paths"].items()
                 for method in operations if "{" in path}
     tried = {(method, "/jobs/{job_id}" + route.partition("?")[0]) for method, route in JOB_ROUTES}
-    assert with_ids == tried | {("GET", "/comparisons/{comparison_id}"), ("DELETE", "/comparisons/{comparison_id}")}
+    assert with_ids == tried | {("GET", "/comparisons/{comparison_id}"), ("DELETE", "/comparisons/{comparison_id}"),
+                                ("GET", "/datasets/{dataset_id}"), ("DELETE", "/datasets/{dataset_id}")}
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_a_malformed_dataset_id_is_a_404_like_a_missing_dataset_or_another_tenants(
+        client: httpx.Client, method: str) -> None:
+    real = client.post("/datasets", content=_npz(), headers={"Content-Type": "application/octet-stream"})
+    assert real.status_code in (200, 201), real.text
+    dataset_id = real.json()["id"]
+    for bad in [*hostile.malformed_ids(dataset_id), "0" * 64]:
+        assert _not_found(client, method, f"/datasets/{bad}", A) == {"detail": f"No dataset with id {bad!r}."}, bad
+    assert _not_found(client, method, f"/datasets/{dataset_id}", B) == {
+        "detail": f"No dataset with id {dataset_id!r}."}
+    assert client.get(f"/datasets/{dataset_id}").status_code == 200  # no DELETE reached it
+
+
+def _npz() -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, x=np.eye(3), y=np.arange(3))
+    return buffer.getvalue()
 
 
 def test_without_a_key_a_malformed_id_is_still_a_401(client: httpx.Client, job_id: str) -> None:

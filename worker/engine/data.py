@@ -1,4 +1,4 @@
-"""Training data: a seeded, learnable synthetic set, or a `.npz` under the data root.
+"""Training data: a seeded, learnable synthetic set, a `.npz` under the data root, or an uploaded `.npz`.
 
 The batch order is a pure function of (seed, step): epoch `e` is the
 permutation drawn from `default_rng([seed, e])`, and the trailing partial
@@ -21,7 +21,8 @@ import numpy as np
 from app.core.errors import InvalidDataset
 from mpjobs.contract.evaluation import ValidationSplit
 from mpjobs.contract.records import DataUse
-from mpjobs.contract.spec import JobSpec, NpzDataset
+from mpjobs.contract.data_specs import NpzDataset, UploadedDataset
+from mpjobs.contract.spec import JobSpec
 
 TEACHER_WIDTH = 64
 """Hidden width of the fixed random teacher that labels synthetic inputs."""
@@ -161,19 +162,34 @@ def _check_npz_file(path: Path, name: str) -> None:
 def load_npz(spec: NpzDataset, data_root: Path) -> tuple[np.ndarray, np.ndarray]:
     path = resolve_inside(data_root, spec.path)
     _check_npz_file(path, spec.path)
+    return _load_arrays(path, f"dataset.path {spec.path!r}", spec.path)
+
+
+def load_uploaded(spec: UploadedDataset, datasets_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """An uploaded dataset by id: `<ARTIFACTS_DIR>/datasets/<id>.npz`, which every worker reads (the API checked
+    its arrays when it was uploaded; they are checked again here, as any file read from a shared folder)."""
+    path = datasets_dir / f"{spec.id}.npz"
+    if not path.is_file():
+        raise InvalidDataset(f"Uploaded dataset {spec.id!r} is not in {datasets_dir} on this worker: it was deleted, "
+                             "or this worker does not share the API's ARTIFACTS_DIR (docs/architecture.md).")
+    return _load_arrays(path, f"uploaded dataset {spec.id!r}", spec.id)
+
+
+def _load_arrays(path: Path, shown: str, name_of_file: str) -> tuple[np.ndarray, np.ndarray]:
+    """`x` and `y` of the .npz at `path`, checked; `shown` names it in errors (`dataset.path 'a.npz'`)."""
     try:
         with np.load(path, allow_pickle=False) as archive:
             x, y = archive["x"], archive["y"]
     except FileNotFoundError:
-        raise InvalidDataset(f"dataset.path {spec.path!r} does not exist under the data root.") from None
+        raise InvalidDataset(f"{shown} does not exist under the data root.") from None
     except KeyError:
-        raise InvalidDataset(f"dataset.path {spec.path!r} must hold arrays named 'x' and 'y'.") from None
+        raise InvalidDataset(f"{shown} must hold arrays named 'x' and 'y'.") from None
     except (OSError, ValueError) as exc:
-        raise InvalidDataset(f"dataset.path {spec.path!r} is not a readable .npz file: {exc}") from None
+        raise InvalidDataset(f"{shown} is not a readable .npz file: {exc}") from None
     for name, array in (("x", x), ("y", y)):
         if array.dtype.kind not in NUMERIC_KINDS:
             raise InvalidDataset(
-                f"dataset {name!r} in {spec.path!r} holds {_KIND_WORDS.get(array.dtype.kind, array.dtype.name)}: "
+                f"dataset {name!r} in {name_of_file!r} holds {_KIND_WORDS.get(array.dtype.kind, array.dtype.name)}: "
                 f"models train on numbers, so "
                 f"{name!r} must be an array of floats, integers or booleans. Received: dtype={array.dtype.str!r}")
     if len(x) != len(y):
@@ -188,10 +204,17 @@ def load_dataset(
     loss_name: str,
     data_root: Path,
     ids: range | None = None,
+    datasets_dir: Path | None = None,
 ) -> Dataset:
+    """The job's dataset. `datasets_dir` (`<ARTIFACTS_DIR>/datasets`) holds the uploaded ones."""
     d = spec.dataset
-    if isinstance(d, NpzDataset):
-        x, y = load_npz(d, data_root)
+    if isinstance(d, NpzDataset | UploadedDataset):
+        if isinstance(d, UploadedDataset):
+            if datasets_dir is None:
+                raise InvalidDataset("This worker has no datasets folder to read uploaded datasets from.")
+            x, y = load_uploaded(d, datasets_dir)
+        else:
+            x, y = load_npz(d, data_root)
         if tuple(x.shape[1:]) != tuple(input_shape):
             raise InvalidDataset(
                 f"dataset 'x' samples have shape {tuple(x.shape[1:])}; the model expects {tuple(input_shape)}."

@@ -159,7 +159,7 @@ class Training:
         set_phase("preparing the data")
         self.dataset = load_dataset(
             spec, tuple(model.input_shape[1:]), tuple(model.output_shape[1:]), built.loss_name,
-            settings.data_root, _token_ids(model, spec),
+            settings.data_root, _token_ids(model, spec), settings.datasets_dir(),
         )
         self.dataset, held = hold_out(spec, self.dataset, tuple(model.input_shape[1:]), settings.data_root)
         set_phase("restoring the checkpoint")

@@ -9,6 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from app.api import services
 from app.api.admission import admit_comparison
+from app.api.dataset_fit import check_comparison
 from app.api.deletion import purge_comparison
 from app.api.deps import MemoryDep, RQRedisDep, SettingsDep, StoreDep, TenantDep
 from app.api.params import ComparisonIdDep, ComparisonPageLimit, Cursor
@@ -49,6 +50,7 @@ async def submit_comparison(
     """Run the spec once per precision variant, same seed and data, and compare each with float32.
     A variant over this deployment's limits (MAX_JOB_SECONDS, MAX_MODEL_BYTES) refuses it whole: 422."""
     admit_comparison(spec, settings)
+    await run_in_threadpool(check_comparison, spec, store, settings, tenant)
     await run_in_threadpool(memory.require_room)
     comparison, created = await run_in_threadpool(services.submit_comparison, store, redis, spec, tenant,
                                                   idempotency_key)

@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse
 from app.api import services
 from app.api.admission import admit
 from app.api.auth import tenant_for
+from app.api.dataset_fit import check_dataset
 from app.api.deletion import purge_job
 from app.api.deps import MemoryDep, RQRedisDep, SettingsDep, StoreDep, TenantDep
 from app.api.examples import SPEC_EXAMPLES
@@ -34,9 +35,11 @@ async def submit_job(
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> JobRecord:
     """Queue a training job. Defaults are filled in; a bad spec, or one over this deployment's limits
-    (MAX_JOB_SECONDS, MAX_MODEL_BYTES), gets 422 naming the field. Redis past its memory high-water mark
+    (MAX_JOB_SECONDS, MAX_MODEL_BYTES), or a dataset that is missing or does not fit the model, gets 422
+    naming the field. Redis past its memory high-water mark
     gets 503. Either way nothing is written."""
     admit(spec, settings)
+    await run_in_threadpool(check_dataset, spec, store, settings, tenant)
     await run_in_threadpool(memory.require_room)
     job, created = await run_in_threadpool(services.submit, store, redis, spec, tenant, idempotency_key)
     response.headers["Location"] = f"/jobs/{job.id}"

@@ -12,7 +12,9 @@ of the trained model instead, compiled with Keras's own classes only:
   `loss_scale_factor`; none is the inner optimizer alone;
 - the job's loss, and no metrics (the engine's are its own).
 
-The weights are the trained ones, value for value. `PositionEmbedding` (the
+The weights are the trained ones, value for value. The copy is made in host
+memory and dropped once written: a GPU that trained the model has no room to
+spare for a second one. `PositionEmbedding` (the
 built-in transformer), `ScanVoxelSum` (conv3d_unet) and `output_mean` are
 mpjobs's own classes: a model that uses them loads only where
 `worker/engine/models.py` is imported (`app.core.notes.spec_notes` says so when
@@ -35,9 +37,15 @@ def portable_copy(model: keras.Model, optimizer: TelemetryOptimizer) -> keras.Mo
     Raises:
         JobFailed: the copy's variables do not line up with the trained ones (a bug, said plainly).
     """
+    # In host memory: a GPU that held the job has no room for a second model and optimizer.
+    with keras.device("cpu:0"):
+        return _copy(model, optimizer)
+
+
+def _copy(model: keras.Model, optimizer: TelemetryOptimizer) -> keras.Model:
     # From its config, as load_model builds it (clone_model would also compile it as the engine did).
     copy = model.__class__.from_config(model.get_config())
-    _assign(copy.weights, [w.value for w in model.weights], "model weights")
+    _assign(copy.variables, [v.value for v in model.variables], "model variables")
     inner = optimizer.inner_optimizer
     fresh = type(inner).from_config(inner.get_config())
     plain: keras.optimizers.Optimizer = fresh

@@ -83,3 +83,32 @@ def same_bytes(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     """Same arrays, dtype and bytes."""
     return len(a) == len(b) and all(x.dtype == y.dtype and x.tobytes() == y.tobytes()
                                     for x, y in zip(a, b, strict=True))
+
+
+TRY_LOADS = r'''
+import json, sys
+sys.path.extend(sys.argv[2:])
+import keras
+
+answers = {}
+for compile in (True, False):
+    try:
+        keras.models.load_model(sys.argv[1], compile=compile)
+    except Exception as exc:
+        answers[str(compile)] = f"{type(exc).__name__}: {exc}"
+    else:
+        answers[str(compile)] = "loaded"
+print(json.dumps(answers))
+'''
+
+
+def try_loads(model_path: Path, workdir: Path) -> dict[str, str]:
+    """What plain `load_model` does with `model_path`, compiled ("True") and not ("False"), in the same fresh
+    interpreter as `load_plainly`: "loaded", or the error's type and message."""
+    workdir.mkdir()
+    site = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", TRY_LOADS, str(model_path), *site], cwd=workdir,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return answers

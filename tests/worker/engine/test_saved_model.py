@@ -9,7 +9,8 @@ import keras
 import numpy as np
 import pytest
 
-from tests.processes.plain_keras import expected_loss, load_plainly, same_bytes
+from app.core.notes import spec_notes
+from tests.processes.plain_keras import expected_loss, load_plainly, same_bytes, try_loads
 from tests.worker.conftest import Train, spec_of, trained_weights
 from worker.engine import checkpoint
 
@@ -97,3 +98,22 @@ def test_a_dynamic_scale_that_grew_is_the_one_saved(train: Train, tmp_path: Path
     assert result.model_path is not None
     report, _ = load_plainly(result.model_path, tmp_path / "fresh")
     assert report["dynamic_scale"] == report["initial_scale"] == 1024.0
+
+
+@pytest.mark.parametrize(("model", "missing", "uncompiled"), [
+    ({"name": "transformer", "seq_len": 4, "vocab_size": 8, "d_model": 8, "heads": 1, "layers": 1, "ffn_dim": 8,
+      "classes": 2}, "PositionEmbedding", False),
+    ({"name": "conv3d_unet", "volume": 8, "filters": 2, "reference_edge": 8}, "ScanVoxelSum", True),
+])
+def test_a_model_of_mpjobs_classes_loads_only_as_its_note_says(train: Train, tmp_path: Path, model: dict[str, Any],
+                                                                missing: str, uncompiled: bool) -> None:
+    spec = spec_of(model=model, precision_policy="float32", training={"steps": 1, "batch_size": 2},
+                   dataset={"samples": 4})
+    [note] = spec_notes(spec)
+    assert missing in note
+    result, _ = train(spec)
+    assert result.model_path is not None
+    answers = try_loads(result.model_path, tmp_path / "fresh")
+    assert f"Could not locate class '{missing}'" in answers["True"]
+    assert (answers["False"] == "loaded") is uncompiled, answers["False"]
+    assert ("not even with compile=False" in note) is not uncompiled

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -150,6 +153,32 @@ class Job:
                 yield from response.iter_text()
         except httpx.HTTPError as exc:
             raise mapped(exc, self.client.url, self.client.timeout) from exc
+
+    def download_model(self, path: str | os.PathLike[str]) -> Path:
+        """Save the trained model (`GET /jobs/{id}/artifacts/model.keras`) to `path`, and return it.
+
+        It loads with plain Keras, compiled: `keras.models.load_model(path)` (docs/client.md). Written to a
+        temp file beside `path`, then renamed over it: `path` is never left half written. A job with no
+        model yet (not ended, failed before one was saved) raises `NotFound` with the API's message.
+        """
+        target = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}-", suffix=".part", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as f, self.client.http.stream(
+                    "GET", f"/jobs/{self.id}/artifacts/model.keras") as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise_for(response)
+                for chunk in response.iter_bytes():
+                    f.write(chunk)
+            os.replace(tmp, target)
+        except httpx.HTTPError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            raise mapped(exc, self.client.url, self.client.timeout) from exc
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return target
 
     def layer_checks(self, after: int = 0, limit: int = 100) -> LayersPage:
         """One page of layer checks (every layer's gradient and activation numerics at a step) after step `after`."""

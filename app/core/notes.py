@@ -7,11 +7,33 @@
 
 from __future__ import annotations
 
+from mpjobs.contract.model_specs import Conv3dUnetModel, KerasJsonModel, TransformerModel
 from mpjobs.contract.spec import JobSpec
 
 
 def spec_notes(spec: JobSpec) -> list[str]:
-    """Today one: loss scaling under a policy that does not compute in float16."""
+    """Loss scaling under a policy that does not compute in float16; a model.keras that needs mpjobs's classes."""
+    return _scaling_notes(spec) + _takeaway_notes(spec)
+
+
+def _takeaway_notes(spec: JobSpec) -> list[str]:
+    """The built-in classes a trained model.keras holds that plain Keras does not have (worker/engine/takeaway.py)."""
+    m = spec.model
+    if isinstance(m, TransformerModel):
+        needs, elsewhere = "the transformer's PositionEmbedding layer", "not even with compile=False"
+    elif isinstance(m, Conv3dUnetModel):
+        needs, elsewhere = "conv3d_unet's loss ScanVoxelSum", "only uncompiled, with compile=False"
+    elif isinstance(m, KerasJsonModel) and m.loss == "output_mean":
+        needs, elsewhere = "the loss 'output_mean'", "only uncompiled, with compile=False"
+    else:
+        return []
+    return [f"The trained model.keras uses {needs}, a class of the mpjobs worker that Keras does not have: "
+            "keras.models.load_model loads it only where worker/engine/models.py is imported, elsewhere "
+            f"{elsewhere}. Models of Keras's own classes (mlp, cnn, keras_json) load with plain Keras."]
+
+
+def _scaling_notes(spec: JobSpec) -> list[str]:
+    """Loss scaling under a policy that does not compute in float16."""
     scale, compute = spec.loss_scale, spec.precision_policy.compute_dtype
     if scale is None or scale.mode == "none" or compute == "float16":
         return []

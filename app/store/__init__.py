@@ -15,8 +15,8 @@ from redis import Redis
 from app.store.cancel import CancelFlags
 from app.store.comparisons import ComparisonRecord, Comparisons
 from app.store.counters import Counters
-from app.store.evaluations import Evaluations
 from app.store.datasets import DatasetInUseBy, Datasets
+from app.store.evaluations import Evaluations
 from app.store.history import MetricHistory
 from app.store.idempotency import IdempotencyKey
 from app.store.jobs import JobRecords

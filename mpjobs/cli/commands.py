@@ -181,6 +181,13 @@ def cmd_evaluations(client: Client, args: argparse.Namespace) -> int:
     return Exit.OK
 
 
+def cmd_download(client: Client, args: argparse.Namespace) -> int:
+    """The trained model.keras, to `-o PATH` (default `./<id>.keras`): it loads with plain `keras.models.load_model`."""
+    path = client.job(args.job_id).download_model(args.output or f"{args.job_id}.keras")
+    print(path)
+    return Exit.OK
+
+
 def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
     job = client.job(args.job_id)
     if not job.done:  # an ended job's DELETE is a 409: nothing to cancel

@@ -11,6 +11,7 @@ from mpjobs.cli.commands import (
     cmd_cancel,
     cmd_compare,
     cmd_delete,
+    cmd_download,
     cmd_evaluations,
     cmd_layers,
     cmd_list,
@@ -140,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job_id", metavar="ID")
     p.add_argument("--json", action="store_true", help="one evaluation record per line")
     p.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
+    p = command("download", cmd_download, "save a job's trained model (model.keras), which loads with plain "
+                "keras.models.load_model")
+    p.add_argument("job_id", metavar="ID")
+    p.add_argument("--output", "-o", metavar="PATH", help="where to write it (default: ./ID.keras)")
     p = command("cancel", cmd_cancel, "cancel a queued or running job", ())
     p.add_argument("job_id", metavar="ID")
     p.add_argument("--wait", action="store_true", help="wait until it has ended; exit code follows its end state")

@@ -22,6 +22,8 @@ import numpy as np
 
 from app.core.config import MODEL_ARTIFACT
 from app.core.errors import JobFailed
+from worker.engine.takeaway import portable_copy
+from worker.telemetry.optimizer import TelemetryOptimizer
 
 CHECKPOINT_NAME = "checkpoint.npz"
 
@@ -116,13 +118,14 @@ def _count(names: list[str], prefix: str) -> int:
     return sum(1 for n in names if n.startswith(prefix))
 
 
-def keep_last_good(model: keras.Model, out: Path) -> str:
+def keep_last_good(model: keras.Model, optimizer: TelemetryOptimizer, out: Path) -> str:
     """After divergence: write model.keras from the last checkpoint, never from NaN weights."""
     saved = load(out)
     if saved is None:
         return " No checkpoint was reached before it diverged."
     restore(model.variables, saved.model_values)
-    save_model(model, out)
+    restore(optimizer.variables, saved.optimizer_values)
+    save_model(model, optimizer, out)
     return f" The last good checkpoint (step {saved.step}) is kept, and model.keras holds its weights."
 
 
@@ -133,12 +136,14 @@ def restore(variables: list[keras.Variable], values: list[np.ndarray]) -> None:
         var.assign(value)
 
 
-def save_model(model: keras.Model, out: Path) -> Path:
+def save_model(model: keras.Model, optimizer: TelemetryOptimizer, out: Path) -> Path:
+    """Write model.keras atomically: the trained model compiled with Keras's own classes (worker/engine/takeaway.py)."""
+    portable = portable_copy(model, optimizer)
     target = out / MODEL_ARTIFACT
     fd, tmp = tempfile.mkstemp(prefix=".model-", suffix=".keras", dir=out)
     os.close(fd)
     try:
-        model.save(tmp)
+        portable.save(tmp)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from app.core.errors import InvalidDataset
+from mpjobs.contract.data_specs import NpzDataset, UploadedDataset
 from mpjobs.contract.evaluation import ValidationSplit
 from mpjobs.contract.records import DataUse
-from mpjobs.contract.data_specs import NpzDataset, UploadedDataset
 from mpjobs.contract.spec import JobSpec
 
 TEACHER_WIDTH = 64

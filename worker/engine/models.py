@@ -87,8 +87,9 @@ class ScanVoxelSum(keras.losses.Loss):
         per_sample = ops.sum(ops.reshape(ops.cast(y_pred, "float32"), (ops.shape(y_pred)[0], -1)), axis=1)
         return per_sample / float(self.reference_edge) ** 3
 
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "reference_edge": self.reference_edge}
+    def get_config(self) -> dict[str, Any]:  # no "reduction": always "sum", which from_config would pass twice
+        config = {**super().get_config(), "reference_edge": self.reference_edge}
+        return {k: v for k, v in config.items() if k != "reduction"}
 
 
 def _softmax_head(x: Any, classes: int) -> Any:

@@ -282,13 +282,13 @@ class Training:
         error: DomainError | None = None
         model_path = None
         if failure is not None:
-            error = Diverged(failure.message + checkpoint.keep_last_good(self.model, self.out))
+            error = Diverged(failure.message + checkpoint.keep_last_good(self.model, self.optimizer, self.out))
         elif self.stop.timed_out:
             error = TimedOut(self.limit.message(f"at step {builder.steps_done} of {t.steps}") + " The checkpoint "
                              "of that step is kept: resubmit with a larger limit to continue from it.")
         elif not self.stop.stopped:
             with phase("saving the model"):
-                model_path = checkpoint.save_model(self.model, self.out)
+                model_path = checkpoint.save_model(self.model, self.optimizer, self.out)
             self._check_speed()
         self.recorder.publish(final=True)
         if error is not None:

@@ -28,3 +28,14 @@ def test_loss_scaling_outside_float16_gets_a_note(policy: str, scale: object) ->
 ])
 def test_a_spec_that_does_what_it_says_gets_none(policy: str, scale: object) -> None:
     assert spec_notes(spec(policy, scale)) == []
+
+
+@pytest.mark.parametrize(("model", "needs", "elsewhere"), [
+    ({"name": "transformer"}, "the transformer's PositionEmbedding layer", "not even with compile=False"),
+    ({"name": "conv3d_unet"}, "conv3d_unet's loss ScanVoxelSum", "only uncompiled, with compile=False"),
+])
+def test_a_model_needing_mpjobs_classes_to_load_gets_a_note(model: dict[str, str], needs: str,
+                                                            elsewhere: str) -> None:
+    [note] = spec_notes(JobSpec.model_validate({"model": model}))
+    assert note.startswith(f"The trained model.keras uses {needs}, a class of the mpjobs worker")
+    assert f"elsewhere {elsewhere}." in note

@@ -35,6 +35,8 @@ class ModelEnds:
     input_shape: tuple[int | None, ...] | None
     outputs: int | None
     loss: str
+    vocab: int | None = None
+    """Token ids the input takes, 0 to vocab - 1 (the transformer's embedding); None: any numbers."""
 
 
 def model_ends(spec: JobSpec) -> ModelEnds:
@@ -46,7 +48,7 @@ def model_ends(spec: JobSpec) -> ModelEnds:
     if isinstance(m, Conv3dUnetModel):
         return ModelEnds((m.volume, m.volume, m.volume, 1), 1, "scan_voxel_sum")
     if isinstance(m, TransformerModel):
-        return ModelEnds((m.seq_len,), m.classes, "sparse_categorical_crossentropy")
+        return ModelEnds((m.seq_len,), m.classes, "sparse_categorical_crossentropy", m.vocab_size)
     assert isinstance(m, KerasJsonModel)
     return _keras_json_ends(json.loads(m.keras_json), m.loss)
 
@@ -139,6 +141,11 @@ def _check_fit(ends: ModelEnds, x: ArrayShape, y: ArrayShape, where: Loc) -> Non
         shown = tuple("None" if w is None else w for w in want)
         raise DatasetRefused(where, f"Expected samples of x shaped as the model's input, {shown}. Received: x has "
                                     f"shape {tuple(x.shape)}, samples of shape {sample}.")
+    if ends.vocab is not None and x.low is not None and x.high is not None and (
+            x.low < 0 or x.high >= ends.vocab or not float(x.low).is_integer() or not float(x.high).is_integer()):
+        raise DatasetRefused(where, f"Expected token ids from 0 to {ends.vocab - 1} in x: the model's embedding has "
+                                    f"model.vocab_size={ends.vocab}. Received: x holds values from {x.low:g} to "
+                                    f"{x.high:g}.")
     classes, loss = ends.outputs, ends.loss
     if classes is None or loss in NO_LABELS:
         return

@@ -32,7 +32,8 @@ a rollup one entry of `job:{id}:rollup`, id `{index}-0`, field `a`. Only this mo
 Lua scripts get them as arguments, except the per-state indexes, which the transition and reap
 scripts extend from JOB_INDEX_PREFIX with the job's tenant and state.
 
-Every `{id}` is a record id (app/store/ids.py): no other text is put into a key.
+Every `{id}` is a record id (app/store/ids.py), or a dataset's SHA-256 in 64 lowercase hex digits, checked
+by its route: no other text is put into a key.
 
 Once a job's history is archived (app/store/archive.py), its record holds ARCHIVED_FIELD and its
 metrics, rollup and layers streams are gone: readers take the history from the files then.

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from mpjobs import Client
@@ -156,12 +157,14 @@ def test_submit_watch_runs_the_job_to_the_end_and_ends_with_its_summary(
 
 
 def test_a_failing_job_exits_1_with_its_reason(stack: Stack, client: httpx.Client) -> None:
-    spec = {"model": {"name": "mlp"}, "training": {"steps": 5}, "dataset": {"kind": "npz", "path": "missing.npz"}}
+    # Three samples fit the model (checked at submission) but not one batch of 32 (found by the worker).
+    np.savez(stack.data / "three.npz", x=np.zeros((3, 784), np.float32), y=np.zeros(3, np.int32))
+    spec = {"model": {"name": "mlp"}, "training": {"steps": 5}, "dataset": {"kind": "npz", "path": "three.npz"}}
     done = mpjobs(stack, "submit", "-", "--watch", stdin=json.dumps(spec))
     assert done.returncode == Exit.FAILED, done.stdout + done.stderr
     job = client.get(f"/jobs/{done.stdout.splitlines()[0]}").json()
     assert job["state"] == "failed" and job["error"]["reason"] == "invalid_dataset"
-    assert ("  error            invalid_dataset: dataset.path 'missing.npz' does not exist under the data root."
+    assert ("  error            invalid_dataset: dataset has 3 samples, fewer than training.batch_size=32."
             in done.stdout.splitlines())
     assert done.stdout.splitlines()[-1] == "  summary          none: no step finished"
 

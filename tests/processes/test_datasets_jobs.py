@@ -50,6 +50,10 @@ def test_shapes_and_labels_that_do_not_fit_the_model_are_422_and_write_nothing(
     assert "width 3" in message and "(12,)" in message
     message = refusal(client.post("/comparisons", json={"spec": mlp_job(dataset_id, input_dim=7)}), 422)
     assert "'spec', 'dataset', 'id'" in message
+    tokens = upload(client, (np.arange(72) % 50).reshape(12, 6), np.arange(12) % 4)
+    transformer = {**mlp_job(tokens), "model": {"name": "transformer", "seq_len": 6, "vocab_size": 20,
+                                                "d_model": 8, "heads": 1, "layers": 1, "ffn_dim": 8, "classes": 4}}
+    assert "from 0 to 19 in x" in refusal(client.post("/jobs", json=transformer), 422)
     missing = mlp_job("0" * 64)
     assert "names none of yours" in refusal(client.post("/jobs", json=missing), 422)
     npz = {**mlp_job(dataset_id), "dataset": {"kind": "npz", "path": "nowhere.npz"}}

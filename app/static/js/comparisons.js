@@ -72,7 +72,7 @@ function signed(value) {
 }
 
 // The report's held-out verdict when it carries one; else the variant job's final evaluation; else "–".
-function heldOutCell(v, job) {
+export function heldOutCell(v, job) {
   const attrs = { class: "held-out", "data-testid": "held-out" };
   const ho = v.held_out;
   if (ho && typeof ho === "object" && ["metric", "value", "low", "high"].every((k) => k in ho)) {

@@ -219,7 +219,17 @@ export class JobCharts {
   }
 }
 
+// Each run of an overlay gets its own colour, dash pattern and width, the first (float32, drawn
+// first) the widest and solid: curves that nearly coincide still show each other through the gaps.
+export const DASHES = [[], [10, 5], [2, 4], [14, 4, 3, 4], [6, 3], [1, 2], [18, 6]];
+const WIDTHS = [3.5, 2, 2, 1.5, 1.5, 1.5, 1.5];
+
+export function runStyle(i) {
+  return { stroke: PALETTE[i % PALETTE.length], dash: DASHES[i % DASHES.length], width: WIDTHS[i % WIDTHS.length] };
+}
+
 // Loss curves of several runs in one chart. `update([{label, points: [[step, loss], ...]}])`.
+// The series' styles go to `box.dataset.styles` (JSON), for tests and anyone reading the DOM.
 export class OverlayChart {
   constructor(root, testid, title) {
     this.box = h("figure", { class: "chart", "data-testid": testid, "data-series": "0", "data-points": "0",
@@ -249,10 +259,11 @@ export class OverlayChart {
         scales: { x: { time: false } },
         axes: [{ label: "step", incrs: STEP_INCREMENTS }, { size: 64, values: tickLabels }],
         series: [{ label: "step" }, ...runs.map((run, i) => ({
-          label: run.label, stroke: PALETTE[i % PALETTE.length], width: 1.5, spanGaps: true,
-          value: (u, v) => fmtNumber(v),
+          label: run.label, ...runStyle(i), spanGaps: true, value: (u, v) => fmtNumber(v),
         }))],
       }, [xs, ...ys], this.box);
+      this.box.dataset.styles = JSON.stringify(this.plot.series.slice(1).map((s, i) =>
+        ({ label: s.label, stroke: runStyle(i).stroke, dash: s.dash ?? [], width: s.width })));
       this.labels = labels;
     } else {
       this.plot.setData([xs, ...ys]);

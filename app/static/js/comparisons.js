@@ -67,7 +67,28 @@ function underflowLayerCell(v) {
     v.underflow_step ? ` at step ${v.underflow_step}` : "");
 }
 
-function variantRow(v) {
+function signed(value) {
+  return value > 0 ? `+${fmtNumber(value)}` : fmtNumber(value);
+}
+
+// The report's held-out verdict when it carries one; else the variant job's final evaluation; else "–".
+export function heldOutCell(v, job) {
+  const attrs = { class: "held-out", "data-testid": "held-out" };
+  const ho = v.held_out;
+  if (ho && typeof ho === "object" && ["metric", "value", "low", "high"].every((k) => k in ho)) {
+    const difference = ho.difference === undefined || ho.difference === null ? "" : `${signed(ho.difference)}, `;
+    return h("td", { ...attrs, "data-source": "report",
+      title: ho.float32_value == null ? null : `float32: ${fmtNumber(ho.float32_value)}` },
+    `${ho.metric} ${fmtNumber(ho.value)} (${difference}${fmtNumber(ho.low)} to ${fmtNumber(ho.high)})`);
+  }
+  const e = job?.summary?.validation;
+  if (!e) return h("td", { ...attrs, class: "held-out muted", "data-source": "none" }, "–");
+  const metrics = Object.entries(e.metrics ?? {}).map(([name, value]) => `${name} ${fmtNumber(value)}`);
+  return h("td", { ...attrs, "data-source": "job", title: `on ${e.examples} held-out rows at step ${e.step}` },
+    [`loss ${fmtNumber(e.loss)}`, ...metrics].join(", "));
+}
+
+function variantRow(v, job) {
   const diagnoses = v.diagnoses ?? [];
   return h("tr", { "data-testid": "variant-row", "data-job-id": v.job_id, "data-state": v.state },
     h("th", { scope: "row" }, h("a", { href: `#/jobs/${encodeURIComponent(v.job_id)}` }, v.label),
@@ -82,11 +103,20 @@ function variantRow(v) {
     h("td", { class: "num" }, fmtPercent(v.peak_zero_grad_fraction)),
     h("td", { class: "num" }, fmtPercent(v.peak_excess_zero_fraction)),
     underflowLayerCell(v),
+    heldOutCell(v, job),
     h("td", { class: "diag-cell" },
       v.error ? h("p", { class: "error" }, `${v.error.reason}: ${v.error.message}`) : null,
       diagnoses.length
         ? h("ul", { class: "diagnoses compact" }, diagnoses.map((d) => h("li", { "data-code": d.code }, d.message)))
         : (v.error ? null : h("span", { class: "muted" }, "none"))));
+}
+
+// Each variant's loss minus the baseline's at the steps both have (the baseline itself is 0).
+function gapRuns(variants, runs) {
+  const base = runs[variants.findIndex((v) => v.baseline)] ?? runs[0];
+  const at = new Map(base?.points ?? []);
+  return runs.map((run) => ({ label: run.label, points: run.points.filter(([x]) => at.has(x))
+    .map(([x, y]) => [x, y - at.get(x)]) }));
 }
 
 export function comparisonView(root, comparisonId) {
@@ -105,14 +135,18 @@ export function comparisonView(root, comparisonId) {
       h("thead", {}, h("tr", {}, ["Variant", "State", "Final loss", "Gap vs float32", "Throughput (ex/s)",
         "Step time vs float32",
         "Skipped steps", "Peak zero-grad", "Excess zeros vs float32", "First layer to lose gradients",
-        "Diagnoses"].map((t) => h("th", { scope: "col" }, t)))),
+        "Held-out", "Diagnoses"].map((t) => h("th", { scope: "col" }, t)))),
       body)),
     h("h2", {}, "Loss curves"),
-    h("p", { class: "muted" }, `Mean loss per bucket of steps (up to ${CURVE_POINTS} points per variant).`),
+    h("p", { class: "muted" }, `Mean loss per bucket of steps (up to ${CURVE_POINTS} points per variant). `
+      + "Each variant has its own colour, dash and width; hover for every variant's value at a step. "
+      + "Below, each variant's loss minus float32's at the same step: curves that coincide above separate there."),
     chartBox);
   root.append(h("p", {}, h("a", { href: "#/comparisons" }, "← Comparisons")), page);
   const chart = new OverlayChart(chartBox, "chart-comparison-loss", "Loss, all variants");
+  const gapChart = new OverlayChart(chartBox, "chart-comparison-loss-gap", "Loss minus float32's, per step");
   const finalCurves = new Map(); // job id -> points, once that job is terminal
+  const finalJobs = new Map(); // job id -> job record, once terminal (for its summary.validation)
   let stop = () => {};
 
   const curve = async (variant) => {
@@ -122,6 +156,13 @@ export function comparisonView(root, comparisonId) {
     const points = view.buckets.filter((b) => b.loss.mean !== null).map((b) => [b.last_step, b.loss.mean]);
     if (TERMINAL.has(variant.state)) finalCurves.set(variant.job_id, points);
     return points;
+  };
+
+  const jobOf = async (variant) => {
+    if (finalJobs.has(variant.job_id)) return finalJobs.get(variant.job_id);
+    const job = await api.get(`/jobs/${encodeURIComponent(variant.job_id)}`);
+    if (TERMINAL.has(job.state)) finalJobs.set(variant.job_id, job);
+    return job;
   };
 
   const render = async (comparison) => {
@@ -135,9 +176,13 @@ export function comparisonView(root, comparisonId) {
     specLine.textContent = `${spec.model.name ?? "keras_json"} · ${t.steps} steps of ${t.batch_size}, `
       + `${t.optimizer} at ${t.learning_rate}${tolerance} · created ${fmtTime(comparison.created_at)}`;
     verdict.textContent = comparison.verdict;
-    body.replaceChildren(...comparison.variants.map(variantRow));
+    const needJobs = spec.validation && comparison.variants.some((v) => !v.held_out);
+    const jobs = needJobs ? await Promise.all(comparison.variants.map(jobOf)) : [];
+    body.replaceChildren(...comparison.variants.map((v, i) => variantRow(v, jobs[i])));
     const curves = await Promise.all(comparison.variants.map(curve));
-    chart.update(comparison.variants.map((v, i) => ({ label: v.label, points: curves[i] })));
+    const runs = comparison.variants.map((v, i) => ({ label: v.label, points: curves[i] }));
+    chart.update(runs);
+    gapChart.update(gapRuns(comparison.variants, runs));
     if (comparison.state === "done" && comparison.variants.every((v) => finalCurves.has(v.job_id) || !v.progress.step)) {
       stop();
     }
@@ -164,5 +209,6 @@ export function comparisonView(root, comparisonId) {
   return () => {
     stop();
     chart.destroy();
+    gapChart.destroy();
   };
 }

@@ -5,6 +5,7 @@
 // are the ones shown. The min/max attributes only shape the number inputs.
 
 import { api, ApiError } from "./api.js";
+import { dataFields, readData, wireDataFields } from "./data_fields.js";
 import { h } from "./dom.js";
 
 const MODELS = ["mlp", "cnn", "conv3d_unet", "transformer"];
@@ -12,7 +13,7 @@ const POLICIES = ["float32", "mixed_float16", "mixed_bfloat16", "float16", "bflo
 const MODES = ["none", "fixed", "dynamic"];
 
 // An error whose loc is just an object (e.g. ["body", "model"]) goes to that object's main field.
-const OBJECT_FIELDS = { model: "model.name", loss_scale: "loss_scale.mode" };
+const OBJECT_FIELDS = { model: "model.name", loss_scale: "loss_scale.mode", dataset: "dataset.kind" };
 
 function field(path, label, control, hint) {
   const id = `f-${path.replaceAll(".", "-")}`;
@@ -50,7 +51,7 @@ export function fieldFor(form, loc) {
     for (const part of parts) if (part === path[at]) at += 1;
     if (at === path.length) return control;
   }
-  const main = parts.length === 1 || parts.length === 2 ? OBJECT_FIELDS[parts[0]] : undefined;
+  const main = parts.length <= 3 ? OBJECT_FIELDS[parts[0]] : undefined; // ["dataset", "uploaded", "id"] too
   return main ? form.querySelector(`[data-field="${main}"]`) : null;
 }
 
@@ -70,8 +71,10 @@ function showErrors(form, error) {
   const details = Array.isArray(error.body?.detail) ? error.body.detail : [{ loc: [], msg: error.message }];
   let first = null;
   for (const detail of details) {
-    const control = fieldFor(form, detail.loc || []);
     const message = String(detail.msg ?? "invalid");
+    // A check across fields has no loc but names its field first: "validation.metrics: 'auc' cannot…".
+    const named = /^(?:Value error, )?([a-z_]+(?:\.[a-z_]+)+):/.exec(message);
+    const control = fieldFor(form, detail.loc || []) ?? (named ? fieldFor(form, named[1].split(".")) : null);
     if (control) {
       const slot = document.getElementById(`${control.id}-error`);
       slot.textContent = slot.textContent ? `${slot.textContent} ${message}` : message;
@@ -115,6 +118,9 @@ function readSpec(form) {
   };
   const name = value("name").trim();
   if (name) spec.name = name;
+  const { dataset, validation } = readData(form, numberValue);
+  if (dataset) spec.dataset = dataset;
+  if (validation) spec.validation = validation;
   return spec;
 }
 
@@ -153,6 +159,7 @@ export function specForm(onCreated) {
       field("training.steps", "Steps", number(200, { min: 1, step: 1, required: true })),
       field("training.batch_size", "Batch size", number(32, { min: 1, step: 1, required: true }))),
     field("training.learning_rate", "Learning rate", number(0.001, { min: 0, step: "any", required: true })),
+    dataFields(field, number),
     h("ul", { class: "form-errors error", "data-testid": "form-errors", role: "alert", tabindex: "-1", hidden: true }),
     h("div", { class: "actions" },
       h("button", { type: "submit", "data-testid": "submit-job" }, "Submit job"),
@@ -201,5 +208,6 @@ export function specForm(onCreated) {
     showModeFields(form);
   });
   showModeFields(form);
+  wireDataFields(form);
   return form;
 }

@@ -2,6 +2,7 @@
 
 import { api, followMetrics } from "./api.js";
 import { JobCharts, OverlayChart } from "./charts.js";
+import { SYNTHETIC_SAMPLES, repeatText } from "./data_fields.js";
 import { LayersPanel, layersHref } from "./layers.js";
 import {
   TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtRate, fmtRatioRange, fmtSpeed, fmtTime, h, lossScaleText, poll,
@@ -105,8 +106,9 @@ export function jobView(root, jobId, layersTarget) {
   const details = h("div", { class: "job-details" });
   const chartsBox = h("div", { class: "charts", "data-testid": "charts" });
   const stream = h("span", { class: "muted", "data-testid": "stream-status" }, "loading history…");
+  const repeatNote = h("p", { class: "legend-note repeat-note", "data-testid": "synthetic-repeat", hidden: true });
   const page = h("article", { class: "panel job-page", "data-testid": "job-page", "data-job-id": jobId },
-    header, h("p", { class: "legend-note" }, "Red vertical lines mark skipped steps. ", stream), chartsBox);
+    header, h("p", { class: "legend-note" }, "Red vertical lines mark skipped steps. ", stream), repeatNote, chartsBox);
   const layers = new LayersPanel(jobId, layersTarget);
   page.append(layers.element, details);
   root.append(h("p", {}, h("a", { href: "#/jobs" }, "← Jobs")), page);
@@ -154,6 +156,11 @@ export function jobView(root, jobId, layersTarget) {
     cancelButton.disabled = TERMINAL.has(job.state);
     title.replaceChildren(job.name || job.id, " ", stateBadge(job.state));
     facts.replaceChildren(specLine(job), progressBar(job.progress));
+    const data = job.spec.dataset ?? { kind: "synthetic", samples: SYNTHETIC_SAMPLES };
+    const repeat = data.kind === "synthetic"
+      ? repeatText(data.samples ?? SYNTHETIC_SAMPLES, job.spec.training.batch_size, job.spec.validation) : null;
+    repeatNote.hidden = !repeat;
+    repeatNote.textContent = repeat ?? "";
     layers.setJob(job);
     details.replaceChildren(h("div", {},
       job.error ? h("div", { class: "banner error", role: "alert", "data-testid": "job-error" },

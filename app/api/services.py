@@ -224,7 +224,7 @@ def _report(store: JobStore, record: ComparisonRecord) -> ComparisonReport:
     if any(job is None for job in jobs):
         raise ComparisonNotFound(record.id)  # its jobs were deleted from Redis by hand
     return reports.build(record.id, record.name, record.created_at, record.spec,
-                             [job for job in jobs if job is not None])
+                         [job for job in jobs if job is not None], store.artifacts_dir)
 
 
 def get_comparison(store: JobStore, comparison_id: str, tenant: str) -> ComparisonReport:

@@ -31,13 +31,18 @@ def build(comparison_id: str, name: str | None, created_at: str, spec: Compariso
     base = jobs[base_index]
     speeds = {s.label: s for s in (base.summary.variant_speeds if base.summary else [])}
     results = [_result(v, job, base, i == base_index, speeds.get(v.label))
-               for i, (v, job) in enumerate(zip(variants, jobs, strict=True))]
+               for i, (v, job) in enumerate(zip(variants, jobs[:len(variants)], strict=True))]
+    control = None
+    if len(jobs) > len(variants):  # the seed control (float32_seeds: 2), after the variants
+        control = _result(variants[base_index], jobs[len(variants)], base, False, None).model_copy(
+            update={"label": spec.seed_control_label})
     done = all(job.state.terminal for job in jobs)
     if done and spec.spec.validation is not None and artifacts_dir is not None:
         results = [_held_out(r, base, artifacts_dir, spec.spec.validation.metrics) for r in results]
+        control = _held_out(control, base, artifacts_dir, spec.spec.validation.metrics) if control else None
     return ComparisonReport(id=comparison_id, name=name, created_at=created_at, state="done" if done else "running",
-                      spec=spec, variants=results,
-                      verdict=verdict(results, base, spec.tolerance) if done else _progress(jobs))
+                            spec=spec, variants=results, seed_control=control,
+                            verdict=verdict(results, base, spec.tolerance, control) if done else _progress(jobs))
 
 
 def _result(variant: Variant, job: JobRecord, base: JobRecord, is_base: bool,
@@ -102,7 +107,15 @@ def _speed(r: VariantResult) -> str:
     return "speed not measured"
 
 
-def _phrase(r: VariantResult, tolerance: float) -> str:
+def _against_seeds(h: HeldOut, noise: HeldOut | None) -> str:
+    """Whether mixed precision moves the held-out metric more than another float32 seed does."""
+    if noise is None:
+        return ""
+    return (", within the difference between two float32 seeds" if abs(h.difference) <= abs(noise.difference)
+            else ", larger than the difference between two float32 seeds")
+
+
+def _phrase(r: VariantResult, tolerance: float, noise: HeldOut | None = None) -> str:
     if r.state is not JobState.SUCCEEDED:
         why = f" ({r.error.reason}: {r.error.message})" if r.error else ""
         return f"{r.label} {r.state.value}{why}"
@@ -118,7 +131,8 @@ def _phrase(r: VariantResult, tolerance: float) -> str:
     if r.held_out is not None:
         skips = f", skipping {r.skipped_steps} overflow steps" if r.skipped_steps else ""
         worse = ", measurably worse" if _worse(r.held_out) else ""
-        return f"{r.label}: {held_out_words(r.held_out)}{worse}, {_speed(r)}{skips}"
+        seeds = _against_seeds(r.held_out, noise)
+        return f"{r.label}: {held_out_words(r.held_out)}{seeds}{worse}, {_speed(r)}{skips}"
     if r.held_out_error is not None:
         return f"{r.label}: no held-out verdict ({r.held_out_error})"
     if gap is None:
@@ -142,7 +156,8 @@ def _risk(r: VariantResult) -> int:
     return _risk_of(r.precision_policy.compute_dtype, mode) + (4 if full_low else 0)
 
 
-def verdict(results: list[VariantResult], base_job: JobRecord, tolerance: float) -> str:
+def verdict(results: list[VariantResult], base_job: JobRecord, tolerance: float,
+            control: VariantResult | None = None) -> str:
     """Each variant against float32 in a clause, then what to use.
 
     Speed is the baseline job's one measurement of every variant in turns, never the
@@ -154,7 +169,13 @@ def verdict(results: list[VariantResult], base_job: JobRecord, tolerance: float)
     if base.state is not JobState.SUCCEEDED or base.final_loss is None:
         return f"The float32 baseline {base.state.value}, so there is nothing to compare against."
     others = [r for r in results if not r.baseline]
-    text = "; ".join(_phrase(r, tolerance) for r in others) + "."
+    noise = control.held_out if control is not None else None
+    text = "; ".join(_phrase(r, tolerance, noise) for r in others) + "."
+    if noise is not None:
+        text += f" Seed noise: {control.label if control else ''}, {held_out_words(noise)}."
+    elif control is not None:
+        why = control.held_out_error or f"it {control.state.value}"
+        text += f" No seed noise: the float32 run with another seed has no held-out result ({why})."
     judged = [r.held_out for r in others if r.held_out is not None]
     good = [r for r in others if r.state is JobState.SUCCEEDED and UNDERFLOW not in {d.code for d in r.diagnoses}
             and (not _worse(r.held_out) if r.held_out is not None

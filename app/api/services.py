@@ -215,7 +215,8 @@ def submit_comparison(store: JobStore, rq_redis: Redis, spec: ComparisonSpec, te
         spec, tenant, jobs, lambda job_id, job_spec, pipe: queues.enqueue(rq_redis, job_spec, job_id, pipe),
         rq_redis.pipeline(transaction=True), once)
     report = get_comparison(store, comparison_id, tenant)
-    _note_dataset_use(store, spec, tenant, [variant.job_id for variant in report.variants])
+    control = [report.seed_control.job_id] if report.seed_control else []
+    _note_dataset_use(store, spec, tenant, [variant.job_id for variant in report.variants] + control)
     return report, created
 
 
@@ -243,7 +244,7 @@ def list_comparisons(store: JobStore, tenant: str, limit: int, cursor: int | Non
 def cancel_comparison(store: JobStore, rq_redis: Redis, comparison_id: str, tenant: str) -> ComparisonReport:
     """Cancel every variant that has not ended."""
     report = get_comparison(store, comparison_id, tenant)
-    for variant in report.variants:
+    for variant in report.variants + ([report.seed_control] if report.seed_control else []):
         if not variant.state.terminal:
             cancel(store, rq_redis, variant.job_id, tenant)
     return get_comparison(store, comparison_id, tenant)

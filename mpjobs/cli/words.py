@@ -159,6 +159,11 @@ def comparison_report(c: dict[str, Any]) -> str:
             lines.append(f"  {v['label']}: {held_out_words(held)}{p_value}, {held.examples} examples ({held.method})")
         if v.get("held_out_error"):
             lines.append(f"  {v['label']} no held-out verdict: {v['held_out_error']}")
+    control = c.get("seed_control")
+    if control:
+        noise = HeldOut.model_validate(control["held_out"]) if control.get("held_out") else None
+        lines.append(f"  seed noise, {control['label']} ({control['state']}, job {control['job_id']}): "
+                     + (held_out_words(noise) if noise else control.get("held_out_error") or "no held-out result"))
     lines.append(f"verdict: {c['verdict']}")
     return "\n".join(lines)
 

@@ -89,6 +89,8 @@ class ComparisonReport(BaseModel):
     """`running` until every variant's job has ended, then `done`."""
     spec: ComparisonSpec
     variants: list[VariantResult]
+    seed_control: VariantResult | None = None
+    """float32 trained with the next seed (`float32_seeds: 2`); its `held_out` is the seed noise."""
     verdict: str
     """The result in one paragraph of plain words."""
 

@@ -108,3 +108,51 @@ def test_no_verdict_without_validation_speaks_of_accuracy(losses: tuple[float, f
     assert "accuracy" not in result.verdict.lower()
     assert result.verdict.endswith(reports.TRAINING_LOSS_ONLY)
     assert all(v.held_out is None for v in result.variants)
+
+
+def test_the_seed_control_sets_the_noise_the_verdict_weighs(tmp_path: Path) -> None:
+    comparison = ComparisonSpec.model_validate({"spec": {"model": {"name": "mlp"}, "validation": VALIDATION},
+                                                "variants": VARIANTS, "float32_seeds": 2})
+    specs = comparison.job_specs()
+    assert len(specs) == 4 and specs[3].precision_policy.value == "float32" and specs[3].training.seed == 1
+    assert specs[3].name == "mlp · float32 seed 1" and specs[3].speed_check == []
+    base = np.zeros(20, dtype=bool)
+    base[:10] = True  # float32 gets 10 of 20 right
+    f16, bf16, control = base.copy(), base.copy(), base.copy()
+    f16[10:12] = True  # +2 examples: +10 points
+    control[10] = True  # the other seed: +1 example, +5 points
+    bf16[0] = False  # -1 example: -5 points, as far from float32 as the other seed
+    for i, hits in enumerate([base, f16, bf16, control]):
+        write_final(tmp_path, f"j{i}", np.arange(20), np.ones(20), hits)
+    result = reports.build("c1", None, "now", comparison, [job(comparison, i, 1.0) for i in range(4)], tmp_path)
+    assert [v.label for v in result.variants] == ["float32", "mixed_float16 + dynamic", "mixed_bfloat16"]
+    assert result.seed_control is not None and result.seed_control.label == "float32 seed 1"
+    noise = result.seed_control.held_out
+    assert noise is not None and noise.difference == pytest.approx(0.05) and noise.p_value == 1.0
+    assert "mixed_float16 + dynamic: held-out accuracy 0.600 vs float32's 0.500, difference +10.0 points" \
+        in result.verdict and "larger than the difference between two float32 seeds" in result.verdict
+    assert "mixed_bfloat16: held-out accuracy 0.450 vs float32's 0.500, difference -5.0 points (95% interval " \
+        in result.verdict
+    assert "-5.0 points" in result.verdict.split("mixed_bfloat16: ")[1].split("within the difference")[0]
+    assert (f"Seed noise: float32 seed 1, held-out accuracy 0.550 vs float32's 0.500, difference +5.0 points "
+            f"(95% interval {100 * noise.low:+.1f} to {100 * noise.high:+.1f}).") in result.verdict
+
+
+def test_a_seed_control_needs_held_out_data() -> None:
+    with pytest.raises(ValueError, match=r"float32_seeds=2 .* give the spec a 'validation'"):
+        spec_body = {"spec": {"model": {"name": "mlp"}}, "float32_seeds": 2}
+        ComparisonSpec.model_validate(spec_body)
+
+
+def test_the_cli_report_shows_held_out_figures_and_seed_noise(tmp_path: Path) -> None:
+    from mpjobs.cli import comparison_report
+
+    comparison = ComparisonSpec.model_validate({"spec": {"model": {"name": "mlp"}, "validation": VALIDATION},
+                                                "variants": VARIANTS[:2], "float32_seeds": 2})
+    for i, hits in enumerate([[1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 0]]):
+        write_final(tmp_path, f"j{i}", np.arange(4), np.ones(4), np.array(hits))
+    result = reports.build("c1", None, "now", comparison, [job(comparison, i, 1.0) for i in range(3)], tmp_path)
+    text = comparison_report(result.model_dump(mode="json"))
+    assert "  mixed_float16 + dynamic: held-out accuracy 0.750 vs float32's 0.500, difference +25.0 points" in text
+    assert "McNemar p=1, 4 examples (mcnemar_exact_conditional)" in text
+    assert "  seed noise, float32 seed 1 (succeeded, job j2): held-out accuracy 0.250 vs float32's 0.500" in text

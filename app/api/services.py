@@ -37,10 +37,11 @@ def submit(store: JobStore, rq_redis: Redis, spec: JobSpec, tenant: str,
 
 def _note_dataset_use(store: JobStore, spec: JobSpec | ComparisonSpec, tenant: str, job_ids: list[str]) -> None:
     """Name the new jobs among their uploaded dataset's users, so it is not deleted while they may train on it."""
-    dataset = spec.spec.dataset if isinstance(spec, ComparisonSpec) else spec.dataset
-    if isinstance(dataset, UploadedDataset):
-        for job_id in job_ids:
-            store.datasets.add_job(tenant, dataset.id, job_id)
+    job_spec = spec.spec if isinstance(spec, ComparisonSpec) else spec
+    for dataset in (job_spec.dataset, getattr(job_spec.validation, "dataset", None)):  # training, held-out
+        if isinstance(dataset, UploadedDataset):
+            for job_id in job_ids:
+                store.datasets.add_job(tenant, dataset.id, job_id)
 
 
 def get(store: JobStore, job_id: str, tenant: str) -> JobRecord:

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from app.api import reports
+from app.store import JobStore
 from mpjobs.contract.jobs import JobRecord, JobState, Progress, WorkerInfo
 from mpjobs.contract.records import Summary
-from mpjobs.contract.spec import ComparisonSpec
+from mpjobs.contract.spec import ComparisonSpec, JobSpec
 
 VARIANTS = [{"precision_policy": "float32"}, {"precision_policy": "mixed_float16", "loss_scale": {"mode": "dynamic"}},
             {"precision_policy": "mixed_bfloat16"}]
@@ -156,3 +157,14 @@ def test_the_cli_report_shows_held_out_figures_and_seed_noise(tmp_path: Path) ->
     assert "  mixed_float16 + dynamic: held-out accuracy 0.750 vs float32's 0.500, difference +25.0 points" in text
     assert "McNemar p=1, 4 examples (mcnemar_exact_conditional)" in text
     assert "  seed noise, float32 seed 1 (succeeded, job j2): held-out accuracy 0.250 vs float32's 0.500" in text
+
+
+def test_an_uploaded_validation_dataset_must_be_the_tenants(store: JobStore) -> None:
+    from app.api.dataset_fit import DatasetRefused, check_dataset
+    from app.core.config import Settings
+
+    spec = JobSpec.model_validate({"model": {"name": "mlp"},
+                                   "validation": {"dataset": {"kind": "uploaded", "id": "a" * 64}}})
+    with pytest.raises(DatasetRefused, match="names none of yours") as refused:
+        check_dataset(spec, store, Settings(), "t-held")
+    assert refused.value.loc == ("validation", "dataset", "id")

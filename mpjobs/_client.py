@@ -14,7 +14,7 @@ from mpjobs._datasets import arrays_file, chunks, open_npz, sha256_of
 from mpjobs._exceptions import BadResponse, NotFound, mapped, raise_for
 from mpjobs._job import Job
 from mpjobs._reading import read
-from mpjobs._specs import as_dict, job_spec, variant
+from mpjobs._specs import as_dict, job_spec, validation_spec, variant
 from mpjobs.contract.comparisons import ComparisonPage
 from mpjobs.contract.comparisons import ComparisonReport as ComparisonResource
 from mpjobs.contract.datasets import DatasetPage, DatasetRecord
@@ -78,15 +78,19 @@ class Client:
     def submit(self, spec: Any, *, policy: str | None = None, loss_scale: Any = None, steps: int | None = None,
                batch_size: int | None = None, learning_rate: float | None = None, loss: str | None = None,
                name: str | None = None, device: str | None = None, idempotency_key: str | None = None,
-               data: tuple[Any, Any] | None = None) -> Job:
+               data: tuple[Any, Any] | None = None, validation: Any = None) -> Job:
         """Queue a job. `spec`: a JobSpec, a dict as `POST /jobs` takes it, or a keras.Model (sent as its
         `to_json()`, its loss from `model.loss` once compiled, else `loss=`). The keywords set those fields
         on top (`loss_scale`: "none", "fixed", "dynamic" or a dict). `data=(x, y)`: train on these arrays,
-        uploaded first (`upload`) unless the server has them already. A retry with the same `idempotency_key`
-        returns the first job. A spec the API refuses raises `InvalidSpec`, naming each field."""
+        uploaded first (`upload`) unless the server has them already. `validation`: evaluate on held-out rows,
+        a share of the data (0.2: a split with seed 0), arrays `(x_val, y_val)` (uploaded as `data` is) or the
+        spec's dict; a compiled Keras model's metrics among those it takes go to `validation.metrics`. Without
+        `validation` a model's metrics are not sent (the spec has no place for them). A retry with the same
+        `idempotency_key` returns the first job. A spec the API refuses raises `InvalidSpec`, naming each field."""
         body = job_spec(spec, policy=policy, loss_scale=loss_scale, steps=steps, batch_size=batch_size,
                         learning_rate=learning_rate, loss=loss, name=name, device=device)
         self._set_data(body, data)
+        self._set_validation(body, validation, spec)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return Job(self, read(JobResource, self.request("POST", "/jobs", json=body, headers=headers)))
 
@@ -94,6 +98,14 @@ class Client:
         if data is not None:
             x, y = data
             body["dataset"] = {"kind": "uploaded", "id": self.upload(x, y).id}
+
+    def _set_validation(self, body: dict[str, Any], validation: Any, model: Any) -> None:
+        if validation is None:
+            return
+        uploaded = None
+        if isinstance(validation, tuple | list) and len(validation) == 2:
+            uploaded = self.upload(*validation).id
+        body["validation"] = validation_spec(validation, model, uploaded)
 
     def job(self, job_id: str) -> Job:
         return Job(self, read(JobResource, self.request("GET", f"/jobs/{job_id}")))
@@ -111,13 +123,18 @@ class Client:
 
     def compare(self, spec: Any, variants: list[Any] | None = None, *, name: str | None = None,
                 tolerance: float | None = None, idempotency_key: str | None = None,
-                data: tuple[Any, Any] | None = None, **overrides: Any) -> Comparison:
+                data: tuple[Any, Any] | None = None, validation: Any = None, float32_seeds: int | None = None,
+                **overrides: Any) -> Comparison:
         """Run `spec` (as `submit` takes it, `overrides` its keywords) once per precision variant, same seed and
         data, and compare each with float32. `variants`: Variants, dicts or "POLICY[:MODE]" strings
         ("mixed_float16:dynamic"); None: float32, mixed_float16 with and without loss scaling, mixed_bfloat16.
-        `data=(x, y)`: every variant trains on these arrays, uploaded as `submit` uploads them."""
+        `data=(x, y)` and `validation=` as `submit` takes them. `float32_seeds=2`: also train float32 with the
+        next seed, so the verdict weighs mixed precision's held-out difference against two float32 seeds'."""
         body: dict[str, Any] = {"spec": job_spec(spec, **overrides) if overrides else as_dict(spec)}
         self._set_data(body["spec"], data)
+        self._set_validation(body["spec"], validation, spec)
+        if float32_seeds is not None:
+            body["float32_seeds"] = float32_seeds
         if variants is not None:
             body["variants"] = [variant(v) for v in variants]
         if name is not None:

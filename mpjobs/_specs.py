@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from mpjobs.contract.evaluation import METRICS
 from mpjobs.contract.spec import LossScaleMode, Variant
 
 KERAS_MODULES = ("keras", "tf_keras", "tensorflow")
@@ -96,3 +97,37 @@ def variant(value: Any) -> dict[str, Any]:
                              f"Received: {value!r}")
         return {"precision_policy": policy, **({"loss_scale": mode} if mode else {})}
     raise TypeError(f"Expected a Variant, a dict or 'POLICY[:MODE]'. Received: {type(value).__name__}")
+
+
+def compiled_metrics(model: Any) -> list[str]:
+    """A compiled Keras model's metric names that `validation.metrics` takes (others are left out): from
+    `model.get_compile_config()["metrics"]`, each a name, a serialized metric (its config's name) or a function."""
+    config = model.get_compile_config() if callable(getattr(model, "get_compile_config", None)) else None
+    names: list[str] = []
+    for metric in (config or {}).get("metrics") or []:
+        if isinstance(metric, dict):
+            metric = (metric.get("config") or {}).get("name")
+        elif callable(metric) and hasattr(metric, "__name__"):
+            metric = metric.__name__
+        if isinstance(metric, str) and metric in METRICS and metric not in names:
+            names.append(metric)
+    return names
+
+
+def validation_spec(validation: Any, model: Any, dataset_id: str | None) -> dict[str, Any]:
+    """The spec's `validation` from `validation=`: a share (a split, seed 0), `(x, y)` uploaded as `dataset_id`,
+    or a dict as the spec takes it. A Keras model's compiled metrics go to `metrics` unless the dict names some."""
+    if isinstance(validation, dict):
+        body = copy.deepcopy(validation)
+    elif isinstance(validation, float):
+        body = {"split": validation, "seed": 0}
+    elif dataset_id is not None:
+        body = {"dataset": {"kind": "uploaded", "id": dataset_id}}
+    else:
+        raise TypeError("Expected validation= to be a share of the rows (0.2), arrays (x_val, y_val) or a dict. "
+                        f"Received: {type(validation).__name__}")
+    if "metrics" not in body and is_keras_model(model):
+        metrics = compiled_metrics(model)
+        if metrics:
+            body["metrics"] = metrics
+    return body

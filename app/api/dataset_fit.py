@@ -91,6 +91,11 @@ def check_dataset(spec: JobSpec, store: JobStore, settings: Settings, tenant: st
     Args:
         at: where `spec` sits in the request body: () for POST /jobs, ("spec",) in a comparison.
     """
+    held = getattr(spec.validation, "dataset", None)
+    if isinstance(held, UploadedDataset) and store.datasets.get(tenant, held.id) is None:
+        raise DatasetRefused((*at, "validation", "dataset", "id"), (
+            f"Expected the id of a dataset uploaded with POST /datasets. Received: id={held.id!r}, which names "
+            "none of yours. Upload it first (client.upload(x, y), or mpjobs upload FILE.npz)."))
     d = spec.dataset
     if isinstance(d, UploadedDataset):
         record = store.datasets.get(tenant, d.id)

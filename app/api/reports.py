@@ -1,35 +1,48 @@
 """Precision comparisons: one job per variant, read back as one report with a verdict.
 
 The report is computed on every read from the variants' jobs, so it is never
-stale and needs no writer: a comparison record is only its spec and job ids.
+stale and needs no writer: a comparison record is only its spec and job ids. With
+validation, each variant is judged on its final held-out metric against float32's,
+paired on the same examples (app/api/heldout.py; the method in docs/numerics.md).
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+from app.api import heldout
 from app.api.resources import ComparisonReport, VariantResult
+from mpjobs.contract.comparisons import HeldOut, held_out_words
 from mpjobs.contract.formats import percent, speed_words
 from mpjobs.contract.jobs import JobRecord, JobState
 from mpjobs.contract.records import Diagnosis, DiagnosisCode, VariantSpeed
 from mpjobs.contract.spec import ComparisonSpec, Variant
 
+TRAINING_LOSS_ONLY = "Judged on training loss only: the comparison has no held-out data (validation)."
 UNDERFLOW = DiagnosisCode.GRADIENT_UNDERFLOW
 SLOW = DiagnosisCode.SLOW_PRECISION_ON_DEVICE
 
 
 def build(comparison_id: str, name: str | None, created_at: str, spec: ComparisonSpec,
-          jobs: list[JobRecord]) -> ComparisonReport:
+          jobs: list[JobRecord], artifacts_dir: Path | None = None) -> ComparisonReport:
     variants = spec.variants or []
     base_index = spec.baseline_index
     base = jobs[base_index]
     speeds = {s.label: s for s in (base.summary.variant_speeds if base.summary else [])}
     results = [_result(v, job, base, i == base_index, speeds.get(v.label))
-               for i, (v, job) in enumerate(zip(variants, jobs, strict=True))]
+               for i, (v, job) in enumerate(zip(variants, jobs[:len(variants)], strict=True))]
+    control = None
+    if len(jobs) > len(variants):  # the seed control (float32_seeds: 2), after the variants
+        control = _result(variants[base_index], jobs[len(variants)], base, False, None).model_copy(
+            update={"label": spec.seed_control_label})
     done = all(job.state.terminal for job in jobs)
+    if done and spec.spec.validation is not None and artifacts_dir is not None:
+        results = [_held_out(r, base, artifacts_dir, spec.spec.validation.metrics) for r in results]
+        control = _held_out(control, base, artifacts_dir, spec.spec.validation.metrics) if control else None
     return ComparisonReport(id=comparison_id, name=name, created_at=created_at, state="done" if done else "running",
-                      spec=spec, variants=results,
-                      verdict=verdict(results, base, spec.tolerance) if done else _progress(jobs))
+                            spec=spec, variants=results, seed_control=control,
+                            verdict=verdict(results, base, spec.tolerance, control) if done else _progress(jobs))
 
 
 def _result(variant: Variant, job: JobRecord, base: JobRecord, is_base: bool,
@@ -59,6 +72,20 @@ def _result(variant: Variant, job: JobRecord, base: JobRecord, is_base: bool,
     )
 
 
+def _held_out(r: VariantResult, base: JobRecord, artifacts_dir: Path, metrics: list[str]) -> VariantResult:
+    if r.baseline or r.state is not JobState.SUCCEEDED or base.state is not JobState.SUCCEEDED:
+        return r
+    try:
+        return r.model_copy(update={"held_out": heldout.compare(artifacts_dir, r.job_id, base.id, metrics)})
+    except heldout.NotPaired as error:
+        return r.model_copy(update={"held_out_error": str(error)})
+
+
+def _worse(h: HeldOut) -> bool:
+    """The whole interval lies on the worse side of zero: measurably worse than float32 on held-out data."""
+    return h.low > 0 if h.metric == "loss" else h.high < 0
+
+
 def _device(job: JobRecord) -> str | None:
     if job.worker is None:
         return None
@@ -80,7 +107,15 @@ def _speed(r: VariantResult) -> str:
     return "speed not measured"
 
 
-def _phrase(r: VariantResult, tolerance: float) -> str:
+def _against_seeds(h: HeldOut, noise: HeldOut | None) -> str:
+    """Whether mixed precision moves the held-out metric more than another float32 seed does."""
+    if noise is None:
+        return ""
+    return (", within the difference between two float32 seeds" if abs(h.difference) <= abs(noise.difference)
+            else ", larger than the difference between two float32 seeds")
+
+
+def _phrase(r: VariantResult, tolerance: float, noise: HeldOut | None = None) -> str:
     if r.state is not JobState.SUCCEEDED:
         why = f" ({r.error.reason}: {r.error.message})" if r.error else ""
         return f"{r.label} {r.state.value}{why}"
@@ -93,6 +128,13 @@ def _phrase(r: VariantResult, tolerance: float) -> str:
             if excess is not None else ""
         end = f", and its loss ends {percent(gap, sign=True)} from float32's" if gap is not None else ""
         return f"{r.label}: {cause} gradients underflow{zero}{end}"
+    if r.held_out is not None:
+        skips = f", skipping {r.skipped_steps} overflow steps" if r.skipped_steps else ""
+        worse = ", measurably worse" if _worse(r.held_out) else ""
+        seeds = _against_seeds(r.held_out, noise)
+        return f"{r.label}: {held_out_words(r.held_out)}{seeds}{worse}, {_speed(r)}{skips}"
+    if r.held_out_error is not None:
+        return f"{r.label}: no held-out verdict ({r.held_out_error})"
     if gap is None:
         return f"{r.label} has no final loss to compare"
     skips = f", skipping {r.skipped_steps} overflow steps" if r.skipped_steps else ""
@@ -114,7 +156,8 @@ def _risk(r: VariantResult) -> int:
     return _risk_of(r.precision_policy.compute_dtype, mode) + (4 if full_low else 0)
 
 
-def verdict(results: list[VariantResult], base_job: JobRecord, tolerance: float) -> str:
+def verdict(results: list[VariantResult], base_job: JobRecord, tolerance: float,
+            control: VariantResult | None = None) -> str:
     """Each variant against float32 in a clause, then what to use.
 
     Speed is the baseline job's one measurement of every variant in turns, never the
@@ -126,9 +169,17 @@ def verdict(results: list[VariantResult], base_job: JobRecord, tolerance: float)
     if base.state is not JobState.SUCCEEDED or base.final_loss is None:
         return f"The float32 baseline {base.state.value}, so there is nothing to compare against."
     others = [r for r in results if not r.baseline]
-    text = "; ".join(_phrase(r, tolerance) for r in others) + "."
-    good = [r for r in others if r.state is JobState.SUCCEEDED and r.loss_gap is not None
-            and abs(r.loss_gap) <= tolerance and UNDERFLOW not in {d.code for d in r.diagnoses}]
+    noise = control.held_out if control is not None else None
+    text = "; ".join(_phrase(r, tolerance, noise) for r in others) + "."
+    if noise is not None:
+        text += f" Seed noise: {control.label if control else ''}, {held_out_words(noise)}."
+    elif control is not None:
+        why = control.held_out_error or f"it {control.state.value}"
+        text += f" No seed noise: the float32 run with another seed has no held-out result ({why})."
+    judged = [r.held_out for r in others if r.held_out is not None]
+    good = [r for r in others if r.state is JobState.SUCCEEDED and UNDERFLOW not in {d.code for d in r.diagnoses}
+            and (not _worse(r.held_out) if r.held_out is not None
+                 else r.loss_gap is not None and abs(r.loss_gap) <= tolerance)]
     faster = [r for r in good if r.speed is not None and r.speed.difference == "faster"]
     device = base.device or "this device"
     if faster:
@@ -144,11 +195,16 @@ def verdict(results: list[VariantResult], base_job: JobRecord, tolerance: float)
         text += (" Speed was not measured for every variant, so no precision is recommended for speed: "
                  "keep float32 until a comparison has timed them.")
     elif good:
-        text += (f" Mixed precision keeps float32's accuracy here but none of it is measurably faster on {device}: "
+        kept = f"float32's held-out {judged[0].metric}" if judged else "float32's training loss"
+        text += (f" Mixed precision keeps {kept} here but none of it is measurably faster on {device}: "
                  "keep float32 on this device, and compare again on one with float16/bfloat16 hardware.")
+    elif judged:
+        text += " Every variant is measurably worse than float32 on held-out data, or did not finish: keep float32."
     else:
         text += f" No variant matched float32's loss within {tolerance:.0%}: keep float32."
     if base_job.summary and base_job.summary.variant_speeds:
         text += (" Speeds: step time against float32's, every variant timed in turns in one process after the "
                  "float32 run; intervals are the quartiles of the per-round ratios.")
+    if not judged and not any(r.held_out_error for r in others):
+        text += f" {TRAINING_LOSS_ONLY}"
     return text

@@ -37,10 +37,11 @@ def submit(store: JobStore, rq_redis: Redis, spec: JobSpec, tenant: str,
 
 def _note_dataset_use(store: JobStore, spec: JobSpec | ComparisonSpec, tenant: str, job_ids: list[str]) -> None:
     """Name the new jobs among their uploaded dataset's users, so it is not deleted while they may train on it."""
-    dataset = spec.spec.dataset if isinstance(spec, ComparisonSpec) else spec.dataset
-    if isinstance(dataset, UploadedDataset):
-        for job_id in job_ids:
-            store.datasets.add_job(tenant, dataset.id, job_id)
+    job_spec = spec.spec if isinstance(spec, ComparisonSpec) else spec
+    for dataset in (job_spec.dataset, getattr(job_spec.validation, "dataset", None)):  # training, held-out
+        if isinstance(dataset, UploadedDataset):
+            for job_id in job_ids:
+                store.datasets.add_job(tenant, dataset.id, job_id)
 
 
 def get(store: JobStore, job_id: str, tenant: str) -> JobRecord:
@@ -215,7 +216,8 @@ def submit_comparison(store: JobStore, rq_redis: Redis, spec: ComparisonSpec, te
         spec, tenant, jobs, lambda job_id, job_spec, pipe: queues.enqueue(rq_redis, job_spec, job_id, pipe),
         rq_redis.pipeline(transaction=True), once)
     report = get_comparison(store, comparison_id, tenant)
-    _note_dataset_use(store, spec, tenant, [variant.job_id for variant in report.variants])
+    control = [report.seed_control.job_id] if report.seed_control else []
+    _note_dataset_use(store, spec, tenant, [variant.job_id for variant in report.variants] + control)
     return report, created
 
 
@@ -224,7 +226,7 @@ def _report(store: JobStore, record: ComparisonRecord) -> ComparisonReport:
     if any(job is None for job in jobs):
         raise ComparisonNotFound(record.id)  # its jobs were deleted from Redis by hand
     return reports.build(record.id, record.name, record.created_at, record.spec,
-                             [job for job in jobs if job is not None])
+                         [job for job in jobs if job is not None], store.artifacts_dir)
 
 
 def get_comparison(store: JobStore, comparison_id: str, tenant: str) -> ComparisonReport:
@@ -243,7 +245,7 @@ def list_comparisons(store: JobStore, tenant: str, limit: int, cursor: int | Non
 def cancel_comparison(store: JobStore, rq_redis: Redis, comparison_id: str, tenant: str) -> ComparisonReport:
     """Cancel every variant that has not ended."""
     report = get_comparison(store, comparison_id, tenant)
-    for variant in report.variants:
+    for variant in report.variants + ([report.seed_control] if report.seed_control else []):
         if not variant.state.terminal:
             cancel(store, rq_redis, variant.job_id, tenant)
     return get_comparison(store, comparison_id, tenant)

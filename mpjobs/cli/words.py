@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpjobs import member
+from mpjobs.contract.comparisons import HeldOut, held_out_words
 from mpjobs.contract.formats import num, number, percent, rate, ratio, ratio_range, scale_num, speed_words
 from mpjobs.contract.jobs import JobState
 
@@ -152,6 +153,17 @@ def comparison_report(c: dict[str, Any]) -> str:
             lines.append(f"  {v['label']} {v['state']}: {text}")
         if v.get("speed_error"):
             lines.append(f"  {v['label']} not timed: {v['speed_error']}")
+        if v.get("held_out"):
+            held = HeldOut.model_validate(v["held_out"])
+            p_value = f", McNemar p={held.p_value:.3g}" if held.p_value is not None else ""
+            lines.append(f"  {v['label']}: {held_out_words(held)}{p_value}, {held.examples} examples ({held.method})")
+        if v.get("held_out_error"):
+            lines.append(f"  {v['label']} no held-out verdict: {v['held_out_error']}")
+    control = c.get("seed_control")
+    if control:
+        noise = HeldOut.model_validate(control["held_out"]) if control.get("held_out") else None
+        lines.append(f"  seed noise, {control['label']} ({control['state']}, job {control['job_id']}): "
+                     + (held_out_words(noise) if noise else control.get("held_out_error") or "no held-out result"))
     lines.append(f"verdict: {c['verdict']}")
     return "\n".join(lines)
 

@@ -9,6 +9,41 @@ from mpjobs.contract.records import Diagnosis, PrecisionSpeed
 from mpjobs.contract.spec import ComparisonSpec, LossScale, PrecisionPolicy
 
 
+class HeldOut(BaseModel):
+    """A variant's final held-out metric against float32's, paired on the same examples (docs/numerics.md)."""
+
+    metric: str
+    """`accuracy` (or the accuracy metric the spec names) when examples are classified, else `loss`."""
+    value: float
+    float32_value: float
+    against: str = "float32"
+    """The label of the run compared with: the float32 baseline, or float32 with another seed."""
+    difference: float
+    """value − float32_value: positive is better for accuracy, worse for loss."""
+    low: float
+    high: float
+    """The interval of the difference at `confidence`."""
+    confidence: float
+    method: str
+    """`mcnemar_exact_conditional` (0/1 decisions) or `paired_bootstrap` (2000 resamples, seed 0)."""
+    examples: int
+    p_value: float | None
+    """Exact McNemar p-value (0/1 decisions only)."""
+
+
+def held_out_words(h: HeldOut) -> str:
+    """`held-out accuracy 0.950 vs float32's 0.947, difference +0.3 points (95% interval -0.8 to +1.4)`.
+
+    Accuracy differences are in percentage points; loss differences in the loss's own units.
+    """
+    level = f"{h.confidence:.0%} interval"
+    if h.metric == "loss":
+        figures = f"{h.difference:+.4g} ({level} {h.low:+.4g} to {h.high:+.4g})"
+        return f"held-out loss {h.value:.4g} vs {h.against}'s {h.float32_value:.4g}, difference {figures}"
+    figures = f"{100 * h.difference:+.1f} points ({level} {100 * h.low:+.1f} to {100 * h.high:+.1f})"
+    return f"held-out {h.metric} {h.value:.3f} vs {h.against}'s {h.float32_value:.3f}, difference {figures}"
+
+
 class VariantResult(BaseModel):
     label: str
     precision_policy: PrecisionPolicy
@@ -40,6 +75,10 @@ class VariantResult(BaseModel):
     error: JobError | None
     device: str | None
     """The device kind the variant trained on."""
+    held_out: HeldOut | None = None
+    """The final held-out metric against float32's, when the spec has validation and both runs ended."""
+    held_out_error: str | None = None
+    """Why `held_out` could not be computed (for example, the runs held out different rows)."""
 
 
 class ComparisonReport(BaseModel):
@@ -50,6 +89,8 @@ class ComparisonReport(BaseModel):
     """`running` until every variant's job has ended, then `done`."""
     spec: ComparisonSpec
     variants: list[VariantResult]
+    seed_control: VariantResult | None = None
+    """float32 trained with the next seed (`float32_seeds: 2`); its `held_out` is the seed noise."""
     verdict: str
     """The result in one paragraph of plain words."""
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from mpjobs.contract.data_specs import NpzDataset, UploadedDataset
 from mpjobs.contract.model_specs import ModelSpec, model_tag
@@ -240,6 +240,18 @@ class ComparisonSpec(Strict):
     """None means float32, mixed_float16 + dynamic, mixed_float16 + none and mixed_bfloat16."""
     tolerance: Number = Field(DEFAULT_MATCH_TOLERANCE, gt=0.0, le=1.0)
     """Largest relative gap to float32's final loss that still counts as a match."""
+    float32_seeds: Integer = Field(1, ge=1, le=2)
+    """2: also train float32 with the next training seed (the seed control), so the verdict can say whether
+    mixed precision's held-out difference is larger than two float32 runs'. Needs `spec.validation`."""
+
+    @field_validator("float32_seeds", mode="after")
+    @classmethod
+    def _seeds_need_validation(cls, value: int, info: ValidationInfo) -> int:
+        spec = info.data.get("spec")
+        if value > 1 and spec is not None and spec.validation is None:
+            raise ValueError(f"float32_seeds={value} compares two float32 runs on held-out data: give the spec a "
+                             "'validation', or leave float32_seeds at 1. Received: spec.validation=None")
+        return value
 
     @field_validator("variants", mode="after")
     @classmethod
@@ -281,7 +293,16 @@ class ComparisonSpec(Strict):
                 "loss_scale": None if variant.loss_scale is None else variant.loss_scale.model_dump(mode="json"),
                 "speed_check": timed,
             }))
+        if self.float32_seeds > 1:  # the seed control, last: float32 with the next training seed (0 after the last)
+            label, tag = self.seed_control_label, self.name or model_tag(self.spec.model) or "model"
+            specs.append(JobSpec.model_validate({**base, "name": f"{tag[:197 - len(label)]} · {label}",
+                "precision_policy": "float32", "loss_scale": None, "speed_check": [],
+                "training": {**base["training"], "seed": (self.spec.training.seed + 1) % 2**31}}))
         return specs
+
+    @property
+    def seed_control_label(self) -> str:
+        return f"float32 seed {(self.spec.training.seed + 1) % 2**31}"
 
     @property
     def baseline_index(self) -> int:

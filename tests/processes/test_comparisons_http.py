@@ -180,6 +180,7 @@ def test_bad_comparisons_name_the_field_and_write_nothing(stack: Stack, client: 
          ["body", "variants", 1, "precision_policy"], "'float32', 'mixed_float16', 'mixed_bfloat16'"),
         ({"spec": {**SMALL_MLP, "training": {"steps": 0}}}, ["body", "spec", "training", "steps"], "greater than"),
         ({"spec": SMALL_MLP, "tolerance": 0}, ["body", "tolerance"], "greater than 0"),
+        ({"spec": SMALL_MLP, "float32_seeds": 2}, ["body", "float32_seeds"], "give the spec a 'validation'"),
     ]
     for body, loc, message in cases:
         response = client.post("/comparisons", json=body)

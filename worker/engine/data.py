@@ -246,9 +246,12 @@ def split_rows(rows: int, split: float, seed: int) -> tuple[np.ndarray, np.ndarr
     return np.sort(order[:count]), np.sort(order[count:])
 
 
-def hold_out(spec: JobSpec, dataset: Dataset, input_shape: tuple[int, ...], data_root: Path
-             ) -> tuple[Dataset, HeldOut | None]:
-    """The job's training data less its held-out rows, and those rows (None: no `validation`)."""
+def hold_out(spec: JobSpec, dataset: Dataset, input_shape: tuple[int, ...], data_root: Path,
+             datasets_dir: Path | None = None) -> tuple[Dataset, HeldOut | None]:
+    """The job's training data less its held-out rows, and those rows (None: no `validation`).
+
+    A validation dataset of its own is an `.npz` under `data_root` or an uploaded one in `datasets_dir`.
+    """
     v = spec.validation
     if v is None:
         return dataset, None
@@ -259,11 +262,17 @@ def hold_out(spec: JobSpec, dataset: Dataset, input_shape: tuple[int, ...], data
                                  f"training.batch_size={dataset.batch_size}. Expected a smaller split or more rows.")
         trained = Dataset(dataset.x[kept], dataset.y[kept], dataset.batch_size, dataset.seed)
         return trained, HeldOut(dataset.x[held], dataset.y[held], held)
-    if not isinstance(v.dataset, NpzDataset):
-        raise InvalidDataset(f"validation.dataset must be of kind 'npz'. Received: kind={v.dataset.kind!r}")
-    x, y = load_npz(v.dataset, data_root)
+    if isinstance(v.dataset, UploadedDataset) and datasets_dir is not None:
+        x, y = load_uploaded(v.dataset, datasets_dir)
+        shown = f"uploaded {v.dataset.id!r}"
+    elif isinstance(v.dataset, NpzDataset):
+        x, y = load_npz(v.dataset, data_root)
+        shown = repr(v.dataset.path)
+    else:
+        raise InvalidDataset("validation.dataset must be of kind 'npz' or 'uploaded'. "
+                             f"Received: kind={v.dataset.kind!r}")
     if tuple(x.shape[1:]) != tuple(input_shape) or y.shape[1:] != dataset.y.shape[1:]:
-        raise InvalidDataset(f"validation.dataset {v.dataset.path!r} holds x of shape {tuple(x.shape[1:])} and y of "
+        raise InvalidDataset(f"validation.dataset {shown} holds x of shape {tuple(x.shape[1:])} and y of "
                              f"{tuple(y.shape[1:])} per row; expected those of the training data: "
                              f"{tuple(input_shape)} and {tuple(dataset.y.shape[1:])}.")
     return dataset, HeldOut(x, y, np.arange(len(x)))

@@ -161,7 +161,8 @@ class Training:
             spec, tuple(model.input_shape[1:]), tuple(model.output_shape[1:]), built.loss_name,
             settings.data_root, _token_ids(model, spec), settings.datasets_dir(),
         )
-        self.dataset, held = hold_out(spec, self.dataset, tuple(model.input_shape[1:]), settings.data_root)
+        self.dataset, held = hold_out(spec, self.dataset, tuple(model.input_shape[1:]), settings.data_root,
+                                      settings.datasets_dir())
         set_phase("restoring the checkpoint")
 
         self.fingerprint = spec_fingerprint(spec)

@@ -77,7 +77,7 @@ def test_gaps_measured_speeds_and_a_recommendation() -> None:
         "not zero in float32), and its loss ends +40% from float32's; "
         "mixed_bfloat16 matches float32 within 1.2%, 2.38× faster than float32 (2.27–2.50×). Use mixed_bfloat16. "
         "Speeds: step time against float32's, every variant timed in turns in one process after the float32 run; "
-        "intervals are the quartiles of the per-round ratios.")
+        "intervals are the quartiles of the per-round ratios. " + reports.TRAINING_LOSS_ONLY)
 
 
 def test_variants_not_measurably_slower_than_the_fastest_tie_and_the_safest_wins() -> None:
@@ -121,7 +121,7 @@ def test_a_slower_variant_gets_its_figure_and_the_slow_precision_diagnosis() -> 
     slow = [d for d in by_label["mixed_float16 + dynamic"].diagnoses if d.code == "slow_precision_on_device"]
     assert [d.message for d in slow] == [message]
     assert not [d for d in by_label["mixed_bfloat16"].diagnoses if d.code == "slow_precision_on_device"]
-    assert result.verdict.endswith("intervals are the quartiles of the per-round ratios.")
+    assert result.verdict.endswith("intervals are the quartiles of the per-round ratios. " + reports.TRAINING_LOSS_ONLY)
     assert "keep float32 on this device" in result.verdict
 
 
@@ -203,11 +203,12 @@ def test_the_report_follows_its_jobs_records_on_every_read(store: JobStore) -> N
     assert ended.state == "done" and [v.final_loss for v in ended.variants] == [1.0, 1.5]
     assert ended.variants[1].loss_gap == 0.5
     assert ended.verdict == ("mixed_bfloat16 ends +50% from float32's loss, speed not measured. "
-                             "No variant matched float32's loss within 2%: keep float32.")
+                             "No variant matched float32's loss within 2%: keep float32. " + reports.TRAINING_LOSS_ONLY)
 
     store.jobs.set_fields(bf16_id, summary=finished_summary(1.25))  # the record changes: the next read shows it
     changed = read()
     assert [v.final_loss for v in changed.variants] == [1.0, 1.25]
     assert changed.variants[1].loss_gap == 0.25
     assert changed.verdict == ("mixed_bfloat16 ends +25% from float32's loss, speed not measured. "
-                               "No variant matched float32's loss within 2%: keep float32.")
+                               "No variant matched float32's loss within 2%: keep float32. "
+                               + reports.TRAINING_LOSS_ONLY)

@@ -310,6 +310,8 @@ NUMBER_FIELDS: list[tuple[str, str, Any, Any]] = [
     ("TransformerModel", "dropout", lambda v: {"model": {"name": "transformer", "dropout": v}}, 0),
     ("TransformerModel", "classes", lambda v: {"model": {"name": "transformer", "classes": v}}, 3),
     ("ComparisonSpec", "tolerance", lambda v: {"spec": {"model": MLP}, "tolerance": v}, 1),
+    ("ComparisonSpec", "float32_seeds",
+     lambda v: {"spec": {"model": MLP, "validation": {"split": 0.2}}, "float32_seeds": v}, 2),
     ("ValidationSplit", "split", lambda v: {"model": MLP, "validation": {"split": v}}, 0.25),
     ("ValidationSplit", "seed", lambda v: {"model": MLP, "validation": {"split": 0.2, "seed": v}}, 4),
     ("ValidationSplit", "eval_every", lambda v: {"model": MLP, "validation": {"split": 0.2, "eval_every": v}}, 5),

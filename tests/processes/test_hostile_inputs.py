@@ -89,7 +89,7 @@ def test_invalid_utf8_in_a_body_is_a_422(client: httpx.Client) -> None:
 
 JOB_ROUTES = [("GET", ""), ("DELETE", ""), ("GET", "/metrics"), ("GET", "/metrics?max_points=5"),
               ("GET", "/metrics/stream"), ("GET", "/metrics.csv"), ("GET", "/layers"),
-              ("GET", "/artifacts/model.keras")]
+              ("GET", "/evaluations"), ("GET", "/artifacts/model.keras")]
 """Every route under /jobs/{job_id} (app/api/routes/)."""
 
 
@@ -193,6 +193,7 @@ def test_every_integer_at_its_bounds_is_accepted(client: httpx.Client, job_id: s
         (f"/jobs/{job_id}/metrics", {"after": hostile.MAX_STEP, "limit": hostile.MAX_INT64}),
         (f"/jobs/{job_id}/metrics", {"after": 0, "limit": 1, "max_points": 10_000}),
         (f"/jobs/{job_id}/layers", {"after": hostile.MAX_STEP, "limit": hostile.MAX_INT64}),
+        (f"/jobs/{job_id}/evaluations", {"after": hostile.MAX_STEP, "limit": hostile.MAX_INT64}),
         ("/jobs", {"cursor": hostile.MAX_INT64, "limit": 200}),
         ("/jobs", {"cursor": 0, "limit": 1}),
         ("/comparisons", {"cursor": hostile.MAX_INT64, "limit": 100}),
@@ -228,6 +229,8 @@ def test_the_openapi_states_every_integer_parameters_range(client: httpx.Client)
         ("get", "/jobs/{job_id}/metrics/stream", "last-event-id"): step,
         ("get", "/jobs/{job_id}/layers", "after"): step,
         ("get", "/jobs/{job_id}/layers", "limit"): (1, hostile.MAX_INT64),
+        ("get", "/jobs/{job_id}/evaluations", "after"): step,
+        ("get", "/jobs/{job_id}/evaluations", "limit"): (1, hostile.MAX_INT64),
         ("get", "/comparisons", "limit"): (1, 100), ("get", "/comparisons", "cursor"): int64,
     }
 

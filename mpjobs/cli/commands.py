@@ -170,10 +170,21 @@ def cmd_layers(client: Client, args: argparse.Namespace) -> int:
     return Exit.OK
 
 
+def write_evaluations_csv(records: list[dict[str, Any]], out: TextIO) -> None:
+    """One CSV row per evaluation: step, loss, a column per metric (sorted), examples, seconds, time."""
+    names = sorted({name for r in records for name in r["metrics"]})
+    writer = csv.DictWriter(out, ["step", "loss", *names, "examples", "seconds", "time"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({**{k: _cell(v) for k, v in r.items() if k != "metrics"},
+                      **{n: _cell(r["metrics"].get(n)) for n in names}} for r in records)
+
+
 def cmd_evaluations(client: Client, args: argparse.Namespace) -> int:
     records = [r.model_dump(mode="json") for r in client.job(args.job_id).evaluations()]
     with _output(args) as out:
-        if args.json:
+        if args.csv:
+            write_evaluations_csv(records, out)
+        elif args.json:
             out.writelines(json.dumps(r) + "\n" for r in records)
         else:
             out.write((evaluations_table(records) if records else f"job {args.job_id}: no evaluations yet (a job "

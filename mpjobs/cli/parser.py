@@ -140,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "examples and seconds; JSON lines with --json")
     p.add_argument("job_id", metavar="ID")
     p.add_argument("--json", action="store_true", help="one evaluation record per line")
+    p.add_argument("--csv", action="store_true", help="one CSV row per evaluation, a column per metric")
     p.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
     p = command("download", cmd_download, "save a job's trained model (model.keras), which loads with plain "
                 "keras.models.load_model")

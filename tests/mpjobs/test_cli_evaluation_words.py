@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
+from mpjobs.cli.commands import write_evaluations_csv
 from mpjobs.cli.words import evaluations_table, summary_lines
 
 RECORDS = [{"step": 100, "loss": 0.693147, "metrics": {"accuracy": 0.5, "auc": None}, "examples": 30,
@@ -36,3 +38,13 @@ def test_the_summary_says_the_final_evaluation_and_what_training_did_with_the_da
             "8 rows of each epoch dropped (the partial batch)") in lines
     without = summary_lines({**job, "summary": {**SUMMARY, "validation": None}})
     assert not any(line.startswith(("  validation", "  data")) for line in without)
+
+
+def test_the_evaluations_csv_has_a_column_per_metric_and_an_empty_cell_for_non_finite() -> None:
+    out = io.StringIO()
+    write_evaluations_csv(RECORDS, out)
+    assert out.getvalue().splitlines() == [
+        "step,loss,accuracy,auc,examples,seconds,time",
+        "100,0.693147,0.5,,30,0.01234,1.0",
+        "150,,0.9,0.95,30,0.5,2.0",
+    ]

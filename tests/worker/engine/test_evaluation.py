@@ -19,6 +19,9 @@ from worker.engine.devices import detect_device
 from worker.engine.training import Training, never, run_job
 from worker.telemetry.reporters import ListReporter
 
+pytestmark = pytest.mark.slow
+"""Each case trains a job and recomputes its evaluations in NumPy: about 15 s in all, left to `make test`."""
+
 SPLIT, SPLIT_SEED, BATCH = 0.2, 3, 16
 
 

@@ -14,6 +14,9 @@ from mpjobs.contract.spec import JobSpec
 from tests.worker.conftest import Train, initial_weights, spec_of, trained_weights
 from worker.engine.models import build_model
 
+pytestmark = pytest.mark.slow
+"""The engine's cases train for seconds each: about 35 s in all, left to `make test`."""
+
 # --- 1. the zero-gradient case, and 7. the missing float16 MaxPool3D kernel ---
 
 UNET = {"name": "conv3d_unet", "volume": 16, "filters": 8, "reference_edge": 384}

@@ -14,6 +14,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 SLOWEST_FIRST = (
+    "tests/processes/test_heldout_verdict.py",
+    "tests/processes/test_dashboard_data.py",
+    "tests/processes/test_datasets_http.py",
+    "tests/worker/engine/test_saved_model.py",
     "tests/processes/test_bench_gpu_speedup.py",
     "tests/processes/test_load.py",
     "tests/processes/test_replicas.py",

@@ -32,6 +32,10 @@ class Settings(BaseSettings):
     """Longest a finished step waits in the worker before it is reported."""
     report_max_records: int = 256
     """Most step records held before a report is forced."""
+    checkpoint_interval_s: float = Field(30.0, gt=0)
+    """A running job also checkpoints once this many seconds of training passed since its last checkpoint,
+    whichever comes first with the spec's `checkpoint_every` steps: an attempt of slow steps that lives
+    less than `checkpoint_every` steps still leaves a checkpoint to resume from."""
     speed_check_steps: int = 4
     """A job that succeeds then times its policy (on a CPU, when float16/bfloat16) or its comparison's
     variants against float32, this many steps per side and round, in turns (worker/numerics/speed.py). 0: off."""

@@ -49,6 +49,25 @@ end
 return removed
 """
 
+# The last step s such that the stream holds every step 1..s. Stream ids are distinct steps from 1, so a
+# stream of n entries whose last is step n has no gap; only one that has a gap is walked.
+HELD_STEPS = """
+local n = redis.call('XLEN', KEYS[1])
+if n == 0 then return 0 end
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if tonumber(string.match(last[1][1], '^(%d+)')) == n then return n end
+local expected, start = 1, '-'
+while true do
+  local page = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', 1000)
+  if #page == 0 then return expected - 1 end
+  for _, entry in ipairs(page) do
+    if tonumber(string.match(entry[1], '^(%d+)')) ~= expected then return expected - 1 end
+    expected = expected + 1
+  end
+  start = '(' .. page[#page][1]
+end
+"""
+
 
 class MetricStreams(RedisBacked):
     """`job:{id}:metrics` (one entry per step), `job:{id}:rollup` (one per ROLLUP_STEPS steps) and
@@ -57,7 +76,7 @@ class MetricStreams(RedisBacked):
     Its reads see what Redis holds, and nothing of an archived history: `MetricHistory` (app/store/history.py)
     reads wherever the history is, these first."""
 
-    SCRIPTS = {"rewind": REWIND}
+    SCRIPTS = {"rewind": REWIND, "held_steps": HELD_STEPS}
 
     def __init__(self, redis: Redis) -> None:
         super().__init__(redis)
@@ -104,6 +123,12 @@ class MetricStreams(RedisBacked):
         removed = int(self._run("rewind", keys, args))
         self._hset_existing(job_key(job_id), {"step": keep_step})
         return removed
+
+    def held_steps(self, job_id: str) -> int:
+        """The last step `s` such that Redis holds every step 1..s of the job (0: none). A crash of Redis can
+        lose a batch of steps that later batches follow: a resumed attempt starts at or before this step, and
+        a job whose stored steps fall short of its last one is not done."""
+        return int(self._run("held_steps", [metrics_key(job_id)], []))
 
     def unrolled_steps(self, job_id: str) -> list[dict[str, Any]]:
         """The stored steps after the last whole rollup (every ROLLUP_STEPS steps), parsed: what a resumed

@@ -1,7 +1,8 @@
-"""The checkpoint callback: every few steps, publish the steps so far and save where the run can resume."""
+"""The checkpoint callback: every few steps or seconds, publish the steps so far and save where the run can resume."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -11,14 +12,19 @@ from worker.callbacks.recorder import StepRecorder
 
 
 class Checkpointer(keras.callbacks.Callback):
-    """Every `every` steps: report the steps so far, then save (a diverged step is never saved)."""
+    """Every `every` steps, or once `interval_s` seconds passed since the last save (on `clock`), whichever
+    comes first: report the steps so far, then save (a diverged step is never saved)."""
 
-    def __init__(self, recorder: StepRecorder, every: int, save: Callable[[int], None]) -> None:
+    def __init__(self, recorder: StepRecorder, every: int, save: Callable[[int], None], interval_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
-        self.recorder, self.every, self.save = recorder, every, save
+        self.recorder, self.every, self.save, self.interval_s, self.clock = recorder, every, save, interval_s, clock
+        self.saved_at = clock()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         step = self.recorder.step
-        if step % self.every == 0 and not self.model.stop_training:  # the divergence guard stops first
+        due = step % self.every == 0 or self.clock() - self.saved_at >= self.interval_s
+        if due and not self.model.stop_training:  # the divergence guard stops first
             self.recorder.publish()
             self.save(step)
+            self.saved_at = self.clock()

@@ -1,10 +1,16 @@
 """Checkpoints and the trained model file: written atomically, restored, kept from before a divergence.
 
 A checkpoint holds the weights, the optimizer state (loss scale and its counter
-included), the step (the data position) and the summary, in one `.npz`.
+included), the step (the data position) and the summary, in one `.npz` per step
+(`checkpoint-000000250.npz`).
 
-Written to a temp file in the same folder, fsynced, then renamed over the old
-one, so a crash mid-write leaves the previous checkpoint intact.
+Each is written to a temp file in the same folder, fsynced, then renamed, so a
+crash mid-write leaves the earlier checkpoints intact. Several are kept: a
+checkpoint may be ahead of the steps Redis holds (an outage held them in memory,
+a crash lost them), and a resumed attempt starts from the newest one Redis has
+every step of (`load(at_most=...)`), so no step is left out. `prune` keeps the
+newest KEEP_ACKNOWLEDGED of those at or below the steps Redis acknowledged, and
+every one above.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import json
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +32,11 @@ from app.core.errors import JobFailed
 from worker.engine.takeaway import portable_copy
 from worker.telemetry.optimizer import TelemetryOptimizer
 
-CHECKPOINT_NAME = "checkpoint.npz"
+LEGACY_NAME = "checkpoint.npz"
+"""The single checkpoint of earlier versions: still read (and pruned) like the others."""
+KEEP_ACKNOWLEDGED = 2
+"""Checkpoints kept at or below the last step Redis acknowledged: two, so that a Redis crash that loses
+its last second of writes (AOF `everysec`) still leaves one at or below what it kept."""
 
 
 @dataclass(frozen=True)
@@ -37,13 +48,22 @@ class Checkpoint:
     summary_state: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Resume:
+    """Where a run may resume and what it may prune: `at_most`, the last step Redis holds without a gap (None:
+    the newest checkpoint); `acknowledged()`, the last step Redis acknowledged so far (None: no Redis)."""
+
+    at_most: int | None = None
+    acknowledged: Callable[[], int] | None = None
+
+
 def save(directory: Path, ckpt: Checkpoint) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     meta = {"step": ckpt.step, "fingerprint": ckpt.fingerprint, "summary": ckpt.summary_state}
     arrays: dict[str, Any] = {"meta": np.array(json.dumps(meta))}
     arrays.update({f"model_{i}": v for i, v in enumerate(ckpt.model_values)})
     arrays.update({f"optimizer_{i}": v for i, v in enumerate(ckpt.optimizer_values)})
-    target = directory / CHECKPOINT_NAME
+    target = path_of(directory, ckpt.step)
     fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".npz", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -62,33 +82,66 @@ def save(directory: Path, ckpt: Checkpoint) -> Path:
     return target
 
 
-def saved_step(directory: Path) -> int:
-    """The step of the checkpoint in `directory` (0 if none), reading only its metadata."""
-    path = directory / CHECKPOINT_NAME
-    if not path.exists():
-        return 0
-    with np.load(path, allow_pickle=False) as archive:
-        return int(json.loads(str(archive["meta"]))["step"])
+def path_of(directory: Path, step: int) -> Path:
+    """Where the checkpoint of `step` is written."""
+    return directory / f"checkpoint-{step:09d}.npz"
 
 
-def load(directory: Path) -> Checkpoint | None:
-    path = directory / CHECKPOINT_NAME
-    if not path.exists():
+def saved_steps(directory: Path) -> dict[int, Path]:
+    """Every checkpoint in `directory` by step, oldest first (an earlier version's single one included)."""
+    found: dict[int, Path] = {}
+    legacy = directory / LEGACY_NAME
+    if legacy.exists():
+        with np.load(legacy, allow_pickle=False) as archive:
+            found[int(json.loads(str(archive["meta"]))["step"])] = legacy
+    for path in directory.glob("checkpoint-*.npz"):
+        digits = path.name[len("checkpoint-"):-len(".npz")]
+        if digits.isdigit():
+            found[int(digits)] = path
+    return dict(sorted(found.items()))
+
+
+def saved_step(directory: Path, at_most: int | None = None) -> int:
+    """The step of the newest checkpoint in `directory` (at or below `at_most`), 0 if none."""
+    steps = [step for step in saved_steps(directory) if at_most is None or step <= at_most]
+    return steps[-1] if steps else 0
+
+
+def load(directory: Path, at_most: int | None = None) -> Checkpoint | None:
+    """The newest checkpoint in `directory`, or the newest at or below step `at_most`; None if there is none."""
+    step = saved_step(directory, at_most)
+    if not step:
         return None
-    with np.load(path, allow_pickle=False) as archive:
+    with np.load(saved_steps(directory)[step], allow_pickle=False) as archive:
         meta = json.loads(str(archive["meta"]))
         model = [archive[f"model_{i}"] for i in range(_count(archive.files, "model_"))]
         opt = [archive[f"optimizer_{i}"] for i in range(_count(archive.files, "optimizer_"))]
     return Checkpoint(meta["step"], meta["fingerprint"], model, opt, meta["summary"])
 
 
+def discard_after(directory: Path, step: int) -> None:
+    """Delete the checkpoints after `step`: a resumed attempt retrains those steps and checkpoints them again."""
+    for saved, path in saved_steps(directory).items():
+        if saved > step:
+            path.unlink(missing_ok=True)
+
+
+def prune(directory: Path, acknowledged: int | None) -> None:
+    """Keep every checkpoint after step `acknowledged` (Redis may not hold its steps yet) and the newest
+    KEEP_ACKNOWLEDGED at or below it; None: every step is acknowledged (no Redis behind the run)."""
+    steps = saved_steps(directory)
+    below = [step for step in steps if acknowledged is None or step <= acknowledged]
+    for step in below[:-KEEP_ACKNOWLEDGED]:
+        steps[step].unlink(missing_ok=True)
+
+
 class CheckpointWriter:
     """Writes checkpoints on one background thread, so a step waits only for the
     in-memory snapshot. At most one write is in flight; `close` waits for it and
-    re-raises its error, if any."""
+    re-raises its error, if any. `acknowledged()`: the last step Redis acknowledged (`prune`)."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self, directory: Path, acknowledged: Callable[[], int] | None = None) -> None:
+        self.directory, self.acknowledged = directory, acknowledged
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -100,6 +153,7 @@ class CheckpointWriter:
     def _write(self, ckpt: Checkpoint) -> None:
         try:
             save(self.directory, ckpt)
+            prune(self.directory, None if self.acknowledged is None else self.acknowledged())
         except BaseException as exc:  # Surfaced on the training thread by wait().
             self._error = exc
 

@@ -90,18 +90,19 @@ def run_job(
     should_stop: Callable[[], bool] = never,
     settings: Settings | None = None,
     limit: TimeLimit | None = None,
+    resume: checkpoint.Resume | None = None,
 ) -> RunResult:
     """Train `spec` to its last step, or until `should_stop()` is true or `limit` runs out.
 
-    Resumes from `checkpoint_dir` when it holds a checkpoint of the same spec.
-    Raises `JobFailed` (with a named reason) for every failure. `limit`: by default
+    Resumes from `checkpoint_dir`'s newest checkpoint of the same spec (at or below `resume.at_most`: the
+    steps Redis holds). Raises `JobFailed` (with a named reason) for every failure. `limit`: by default
     the spec's `training.max_seconds`, at most the MAX_JOB_SECONDS setting, from now.
     """
     settings = settings or get_settings()
     limit = limit or TimeLimit.of(spec, settings)
     device = detect_device(settings.cpu_logical_devices)
     try:
-        return Training(spec, reporter, Path(checkpoint_dir), should_stop, settings, device, limit).run()
+        return Training(spec, reporter, Path(checkpoint_dir), should_stop, settings, device, limit, resume).run()
     except DomainError:
         raise
     except Exception as exc:
@@ -127,10 +128,11 @@ class Training:
         settings: Settings,
         device: DeviceInfo,
         limit: TimeLimit | None = None,
+        resume: checkpoint.Resume | None = None,
     ) -> None:
         t, policy = spec.training, spec.precision_policy
         self.spec, self.reporter, self.out, self.device, self.settings = spec, reporter, out, device, settings
-        self.should_stop = should_stop
+        self.should_stop, resume = should_stop, resume or checkpoint.Resume()
         self.limit = limit or TimeLimit.of(spec, settings)
         set_phase("building the model")
         # A worker runs many jobs in one process: drop the last job's graphs and layer names. Without
@@ -175,7 +177,7 @@ class Training:
             output_dtype=built.output_dtype,
         )
         self.start, summary_state = 0, None
-        saved = checkpoint.load(out)
+        saved = checkpoint.load(out, resume.at_most)
         if saved is not None:
             if saved.fingerprint != self.fingerprint:
                 raise JobFailed(f"{out} holds a checkpoint of a different spec; use a fresh folder.", None)
@@ -184,7 +186,8 @@ class Training:
             self.start, summary_state = saved.step, saved.summary_state
         self.builder = SummaryBuilder(context, summary_state)
         self.builder.data_use = lambda done: data_use(self.dataset, held, done)
-        self.writer = checkpoint.CheckpointWriter(out)
+        self.writer = checkpoint.CheckpointWriter(out, resume.acknowledged)
+        self.last_saved = self.start
         self.check: Float32Check | None = None
         # The float32 and layer checks differentiate outside `fit`, on one device: off on several (docs/numerics.md).
         half = policy.compute_dtype != "float32" and strategy is None
@@ -213,9 +216,9 @@ class Training:
             self.evaluator.set_model(model)
         self.stop = StopControl(should_stop, self.limit)
         # In this order: each step is recorded, judged, maybe checkpointed, then maybe stopped.
+        saver = Checkpointer(self.recorder, t.checkpoint_every, self.save_checkpoint, settings.checkpoint_interval_s)
         self.callbacks: list[keras.callbacks.Callback] = [
-            self.recorder, self.divergence, *([self.evaluator] if self.evaluator else []),
-            Checkpointer(self.recorder, t.checkpoint_every, self.save_checkpoint), self.stop]
+            self.recorder, self.divergence, *([self.evaluator] if self.evaluator else []), saver, self.stop]
 
     def run(self) -> RunResult:
         """Every segment through `fit` until one says stop, then `finish`: what `run_job` does."""
@@ -255,12 +258,14 @@ class Training:
             [np.array(keras.ops.convert_to_numpy(v.value), copy=True) for v in self.optimizer.variables],
             self.builder.state(),
         ))
+        self.last_saved = step
 
     def _check_speed(self) -> None:
         """Time policies against float32 in turns (worker.numerics.speed) into the summary."""
         with phase("measuring speed against float32"):  # out of time: abandoned, the job has trained
+            # The run's steps, not this attempt's: one resumed at the last step (lost while timing) times again.
             check_after_run(self.spec, self.device, self.settings, self.dataset,
-                            self.builder.steps_done - self.start, self.builder, make_optimizer,
+                            self.builder.steps_done, self.builder, make_optimizer,
                             lambda: self.should_stop() or self.limit.passed())
 
     def close(self) -> None:
@@ -275,8 +280,7 @@ class Training:
             self.recorder.publish()
             if failure is None and self.evaluator is not None and builder.steps_done:  # stopped, timed out, done
                 self.evaluator.final(builder.steps_done)
-            unsaved = builder.steps_done != self.start and builder.steps_done % t.checkpoint_every
-            if failure is None and unsaved:
+            if failure is None and builder.steps_done != self.last_saved:
                 self.save_checkpoint(builder.steps_done)
         finally:
             self.writer.close()
@@ -296,7 +300,7 @@ class Training:
             raise error
         return RunResult(
             "stopped" if self.stop.stopped else "succeeded", builder.summary(),
-            self.out / checkpoint.CHECKPOINT_NAME, model_path, self.device, self.start,
+            checkpoint.path_of(self.out, self.last_saved), model_path, self.device, self.start,
         )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from app.core import clock
 from app.core.config import Settings, get_settings
 from app.core.errors import JobFailed, TimedOut
 from app.store import JobStore
+from app.store.queue import enqueue
 from app.store.retention import archive_at_once
 from mpjobs.contract.jobs import FailureReason, JobState
 from mpjobs.contract.spec import JobSpec
@@ -33,11 +33,11 @@ from worker.engine.stopping import (
     Interrupted,
     Interrupter,
     TimeLimit,
-    current_phase,
     set_phase,
 )
 from worker.engine.training import release_memory, run_job
 from worker.service.gpus import pinned_gpus
+from worker.service.watcher import STUCK_S, AttemptWatcher
 from worker.telemetry.redis_reporter import RedisReporter
 from worker.telemetry.reporters import FanOut
 from worker.telemetry.tensorboard import LOGDIR as TENSORBOARD_LOGDIR
@@ -46,96 +46,9 @@ from worker.telemetry.tensorboard import TensorBoardReporter
 log = logging.getLogger("mpjobs.worker")
 T = TypeVar("T")
 
-CANCEL_POLL_S = 0.25
-"""How often a running job checks for a cancel request; a cancel lands within this plus one step."""
 REDIS_OUTAGE_BUDGET_S = 120.0
 """How long a finished attempt keeps retrying to record its end while Redis is unreachable."""
-LEASE_RENEWALS = 6
-"""Renewals per lease period: a lease survives several missed renewals (a GC pause, a Redis blip)."""
-GRACEFUL_PHASES = frozenset({"training", "saving", "saving the model", "measuring speed against float32"})
-"""Phases that stop by themselves when asked (after the step, with a checkpoint; between speed-check
-pieces) or end soon. Outside them (building the model, preparing the data, restoring a checkpoint)
-a cancel or the time limit interrupts the attempt at once."""
-CANCEL_GRACE_S = 2.0
-"""A canceled attempt in a graceful phase that has not stopped this long after the request is interrupted."""
-DEADLINE_GRACE_S = 10.0
-"""Likewise past its time limit; longer, so that a long step in progress can end and be checkpointed."""
-STUCK_S = 60.0
-"""An interrupted attempt still running this long after (one C++ call that never returns) ends
-the worker process: its job is recorded as ended first, and the supervisor or the container's
-restart policy starts a fresh worker."""
 STUCK_EXIT_CODE = 70
-
-
-class AttemptWatcher:
-    """On a thread: polls the cancel flag, renews the attempt's lease and publishes its phase, so the
-    training step never waits on Redis and a dead worker's lease runs out. A cancel or the time
-    limit the attempt does not honour by itself within a grace period is raised in its thread
-    (worker/engine/stopping.py); one it still does not honour ends the process (`on_stuck`)."""
-
-    def __init__(self, store: JobStore, job_id: str, owner: str, lease_s: float, limit: TimeLimit | None = None,
-                 interrupter: Interrupter | None = None,
-                 on_stuck: Callable[[type[Interrupted]], None] | None = None) -> None:
-        self.store, self.job_id, self.owner, self.lease_s = store, job_id, owner, lease_s
-        self.limit, self.interrupter, self.on_stuck = limit, interrupter, on_stuck
-        self.cancel_requested = threading.Event()
-        self._canceled_at: float | None = None
-        self._interrupted_at: float | None = None
-        self._published_phase: str | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name=f"attempt-{job_id}", daemon=True)
-
-    def _watch(self) -> None:
-        renew_every, renewed = self.lease_s / LEASE_RENEWALS, time.monotonic()
-        failing = False
-        while not self._done.wait(CANCEL_POLL_S):
-            self._enforce()  # first, and without Redis: a Redis outage must not shield a stuck attempt
-            try:
-                if time.monotonic() - renewed >= renew_every:
-                    self.store.leases.renew_lease(self.job_id, self.owner, self.lease_s)
-                    renewed = time.monotonic()
-                if not self.cancel_requested.is_set() and self.store.cancels.cancel_requested(self.job_id):
-                    self.store.cancels.acknowledge_cancel(self.job_id, self.owner)  # else the API presumes it dead
-                    self._canceled_at = time.monotonic()
-                    self.cancel_requested.set()
-                now_phase = current_phase()
-                if now_phase != self._published_phase:
-                    self.store.jobs.set_fields(self.job_id, phase=now_phase)
-                    self._published_phase = now_phase
-                failing = False
-            except Exception as exc:  # A Redis blip must not kill training; try again next poll.
-                if not failing:
-                    log.warning("attempt watch for %s failing, retrying: %s", self.job_id, exc)
-                failing = True
-
-    def _enforce(self) -> None:
-        """Interrupt an attempt past its grace period; end the process if that did not stop it."""
-        if self.interrupter is None:
-            return
-        now = time.monotonic()
-        if self._interrupted_at is not None:
-            if self.interrupter.inside and now - self._interrupted_at > STUCK_S and self.on_stuck is not None:
-                assert self.interrupter.sent is not None
-                self.on_stuck(self.interrupter.sent)
-            return
-        graceful = current_phase() in GRACEFUL_PHASES
-        kind: type[Interrupted] | None = None
-        if self._canceled_at is not None and now - self._canceled_at > (CANCEL_GRACE_S if graceful else 0):
-            kind = CancelInterrupt
-        elif self.limit is not None and now > self.limit.deadline + (DEADLINE_GRACE_S if graceful else 0):
-            kind = DeadlineInterrupt
-        if kind is not None and self.interrupter.interrupt(kind):
-            self._interrupted_at = now
-            log.warning("job %s: %s while %s; interrupted", self.job_id,
-                        "canceled" if kind is CancelInterrupt else "out of time", self.interrupter.where)
-
-    def __enter__(self) -> AttemptWatcher:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
 
 
 def run_training(job_id: str) -> str:
@@ -159,7 +72,10 @@ def _attempt(store: JobStore, job_id: str, settings: Settings) -> str:
                          error={"reason": FailureReason.CANCELED.value, "message": "Canceled before it resumed."})
         return "canceled"
     out = settings.job_dir(job_id)
-    resume_from = checkpoint.saved_step(out)
+    # From the newest checkpoint whose steps Redis holds every one of: a checkpoint ahead of them (their
+    # records were held in memory through an outage, or lost in a Redis crash) would leave them out for good.
+    resume_from = checkpoint.saved_step(out, at_most=store.streams.held_steps(job_id))
+    checkpoint.discard_after(out, resume_from)
     if job.attempt:
         store.streams.rewind_metrics(job_id, resume_from)
     device = detect_device()
@@ -206,7 +122,7 @@ def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, s
            resume_from: int, limit: TimeLimit) -> str:
     board = TensorBoardReporter(out / TENSORBOARD_LOGDIR, resume_step=resume_from,
                                 description=describe(job_id, spec))
-    steps = RedisReporter(store, job_id)
+    steps = RedisReporter(store, job_id, acknowledged=resume_from)
     reporter = FanOut(steps, board)
     interrupter = Interrupter()
     with AttemptWatcher(store, job_id, owner, settings.lease_s, limit, interrupter,
@@ -215,7 +131,8 @@ def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, s
             try:
                 with interrupter:
                     result = run_job(spec, reporter=reporter, checkpoint_dir=out, limit=limit,
-                                     should_stop=watcher.cancel_requested.is_set, settings=settings)
+                                     should_stop=watcher.cancel_requested.is_set, settings=settings,
+                                     resume=checkpoint.Resume(resume_from, lambda: steps.acknowledged))
             finally:
                 _drain(steps)  # whatever the job's last transition is, its steps are stored first
         except CancelInterrupt:
@@ -243,11 +160,33 @@ def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, s
             job_id, JobState.CANCELED, [JobState.RUNNING], f"canceled at step {done}",
             error={"reason": FailureReason.CANCELED.value, "message": f"Canceled at step {done}."}))
         return "canceled"
+    held = _through_outage(lambda: store.streams.held_steps(job_id))
+    if held < done:  # lost past the outage budget, or by a Redis crash: the next attempt recomputes them
+        return _give_back(store, job_id, f"steps {held + 1}-{done} of {done} are not in Redis", settings)
     _through_outage(lambda: store.jobs.transition(
         job_id, JobState.SUCCEEDED, [JobState.RUNNING], f"finished {done} steps",
         summary=result.summary.model_dump_json()))
     _through_outage(lambda: store.counters.count_diagnoses(job_id, [d.code for d in result.summary.diagnoses]))
     return "succeeded"
+
+
+def _give_back(store: JobStore, job_id: str, why: str, settings: Settings) -> str:
+    """End the attempt without an outcome: requeue the job at the front of its queue as its next attempt,
+    which resumes from a checkpoint whose steps Redis holds and recomputes the rest."""
+    log.error("job %s: %s; requeued to recompute them", job_id, why)
+    moved, _ = _through_outage(lambda: store.jobs.transition(
+        job_id, JobState.QUEUED, [JobState.RUNNING], f"{why}; requeued to recompute them"))
+    job = store.jobs.get(job_id)
+    if not moved or job is None:
+        return f"skipped: {why}"
+    rq_redis = Redis.from_url(settings.redis_url)
+    try:
+        _through_outage(lambda: store.jobs.requeue(
+            job_id, job.attempt + 1, lambda rq_job_id, pipe: enqueue(rq_redis, job.spec, job_id, pipe, rq_job_id),
+            rq_redis.pipeline(transaction=True)))
+    finally:
+        rq_redis.close()
+    return f"requeued: {why}"
 
 
 def _abandon(store: JobStore, job_id: str, kind: type[Interrupted], where: str, limit: TimeLimit) -> None:

@@ -26,8 +26,10 @@ class RedisReporter:
     """Writes each batch of records, with the layer checks handed over before it, in one pipelined
     round trip (XADD per step and per check)."""
 
-    def __init__(self, store: JobStore, job_id: str) -> None:
+    def __init__(self, store: JobStore, job_id: str, acknowledged: int = 0) -> None:
         self.store, self.job_id = store, job_id
+        self.acknowledged = acknowledged
+        """The last step Redis acknowledged: this attempt's, or the step it resumed from."""
         self.partial = self._resume_partial()
         self.pending: list[StepRecord] = []
         self.pending_rollups: list[tuple[int, Rollup]] = []
@@ -78,6 +80,8 @@ class RedisReporter:
             self.store.evaluations.append(self.job_id, self.pending_evaluations)
             self.pending_evaluations = []
         self.store.streams.append_steps(self.job_id, self.pending, self.pending_rollups, self.pending_layers)
+        if self.pending:
+            self.acknowledged = self.pending[-1].step
         if self.outage:
             log.warning("redis is back; wrote %d held step records and %d layer checks", len(self.pending),
                         len(self.pending_layers))

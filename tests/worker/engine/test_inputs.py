@@ -225,7 +225,7 @@ def test_cli_prints_one_line_per_step_then_the_summary(tmp_path: Path) -> None:
                              "zero_grad_fraction", "regularization_loss", "excess_zero_fraction", "grad_rel_error",
                              "learning_rate", "examples_per_sec", "step_time_ms", "time"}
     assert lines[-1]["status"] == "succeeded" and lines[-1]["summary"]["steps_done"] == 7
-    assert (tmp_path / "out" / "model.keras").exists() and (tmp_path / "out" / "checkpoint.npz").exists()
+    assert (tmp_path / "out" / "model.keras").exists() and (tmp_path / "out" / "checkpoint-000000007.npz").exists()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(tmp_path / "out" / "tensorboard"))

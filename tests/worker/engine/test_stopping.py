@@ -25,7 +25,8 @@ from tests.worker.conftest import spec_of
 from worker.engine import stopping as interrupt
 from worker.engine import training as engine
 from worker.engine.stopping import CancelInterrupt, DeadlineInterrupt, Interrupted, Interrupter, TimeLimit
-from worker.service import tasks
+from worker.service import watcher as attempt_watch
+from worker.service.watcher import CANCEL_GRACE_S, CANCEL_POLL_S, AttemptWatcher
 from worker.telemetry.reporters import ListReporter
 
 
@@ -83,7 +84,7 @@ def watched(store: JobStore, work: Callable[[], object], limit: TimeLimit | None
     """`work` on a thread inside an Interrupter, watched as a running job's attempt is."""
     ended: list[BaseException] = []
     interrupter = Interrupter()
-    watcher = tasks.AttemptWatcher(store, "job1", "here:1", lease_s=30, limit=limit, interrupter=interrupter,
+    watcher = AttemptWatcher(store, "job1", "here:1", lease_s=30, limit=limit, interrupter=interrupter,
                                    on_stuck=None if stuck is None else stuck.append)
 
     def run() -> None:
@@ -115,7 +116,7 @@ def test_a_cancel_outside_training_interrupts_the_attempt_at_once(store: JobStor
     thread.join(timeout=5)
     assert not thread.is_alive(), "a cancel while building the model was not honoured within 5 s"
     assert [type(e) for e in ended] == [CancelInterrupt]
-    assert time.monotonic() - asked < tasks.CANCEL_POLL_S * 4 + 1
+    assert time.monotonic() - asked < CANCEL_POLL_S * 4 + 1
 
 
 def test_a_cancel_during_training_gets_its_grace_period_first(store: JobStore) -> None:
@@ -123,9 +124,9 @@ def test_a_cancel_during_training_gets_its_grace_period_first(store: JobStore) -
     thread, ended = watched(store, busy(30))
     asked = time.monotonic()
     store.cancels.request_cancel("job1")
-    thread.join(timeout=tasks.CANCEL_GRACE_S + 5)
+    thread.join(timeout=CANCEL_GRACE_S + 5)
     assert [type(e) for e in ended] == [CancelInterrupt]
-    assert time.monotonic() - asked >= tasks.CANCEL_GRACE_S  # the step had its chance to end by itself
+    assert time.monotonic() - asked >= CANCEL_GRACE_S  # the step had its chance to end by itself
 
 
 def test_past_the_time_limit_outside_training_the_attempt_is_interrupted(store: JobStore) -> None:
@@ -139,7 +140,7 @@ def test_past_the_time_limit_outside_training_the_attempt_is_interrupted(store: 
 
 def test_an_attempt_that_ignores_its_interrupt_is_abandoned(monkeypatch: pytest.MonkeyPatch,
                                                             store: JobStore) -> None:
-    monkeypatch.setattr(tasks, "STUCK_S", 0.5)
+    monkeypatch.setattr(attempt_watch, "STUCK_S", 0.5)
     interrupt.set_phase("building the model")
     stuck: list[type[Interrupted]] = []
     gate = threading.Lock()

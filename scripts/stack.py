@@ -112,12 +112,14 @@ class Stack:
                                 "--port", str(self.port)], "api.log")
         wait_until(lambda: httpx.get(f"{self.base_url}/healthz").status_code == 200, 30, "the API")
 
-    def start_worker(self, module: str = "worker", **env: str) -> subprocess.Popen[bytes]:
-        """`python -m worker` (or `module`, a test's stand-in for it), with `env` added; waits until it registered."""
+    def start_worker(self, module: str = "worker", wait: bool = True, **env: str) -> subprocess.Popen[bytes]:
+        """`python -m worker` (or `module`, a test's stand-in for it), with `env` added; with `wait`, until it
+        has registered."""
         worker = self._spawn([sys.executable, "-m", module], f"worker{len(self.workers)}.log", **env)
         self.workers.append(worker)
         key = f"rq:worker:{socket.gethostname()}.{worker.pid}"
-        wait_until(lambda: self.redis.client().exists(key), 60, "the worker to register")
+        if wait:
+            wait_until(lambda: self.redis.client().exists(key), 60, "the worker to register")
         return worker
 
     def start_supervisor(self, host_gpus: str, **env: str) -> subprocess.Popen[bytes]:

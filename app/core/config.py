@@ -53,7 +53,9 @@ class Settings(BaseSettings):
     """Seconds between a worker's RQ heartbeats while a job runs (RQ's `maintain_heartbeats`: the worker's
     `last_heartbeat` and the job's StartedJobRegistry expiry); far inside RQ's 90 s worker and job TTLs."""
     max_attempts: int = 3
-    """Attempts per job, the first included; after the last, a lost worker fails the job (worker_lost)."""
+    """Attempts lost in a row without progress (none resumed past the checkpoint of the one before; the first
+    attempt included) after which a lost worker fails the job (worker_lost). An attempt that got further
+    starts the count again: a long job on workers that keep dying still finishes, a stuck one does not."""
     redis_memory_high_water: float = Field(0.9, gt=0, le=1)
     """The share of Redis's `maxmemory` past which `POST /jobs` and `POST /comparisons` answer 503 and
     write nothing, so the jobs already running keep the rest for their steps. No limit when Redis has

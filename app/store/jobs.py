@@ -155,6 +155,10 @@ class JobRecords(RedisBacked):
             k: v if isinstance(v, str | int) else json.dumps(v) for k, v in fields.items()
         })
 
+    def resumed_from(self, job_id: str) -> int:
+        """The step the job's last attempt resumed from (0: from the start, or no attempt yet)."""
+        return int(self.redis.hget(job_key(job_id), "resumed_from") or 0)
+
     def rq_job_id(self, job_id: str) -> str:
         return str(self.redis.hget(job_key(job_id), "rq_job") or job_id)
 

@@ -22,9 +22,9 @@ SPEC = {"model": {"name": "mlp", "input_dim": 16, "hidden_units": 16}, "speed_ch
 
 @pytest.mark.slow
 def test_a_job_of_2_second_steps_killed_every_10_s_still_finishes(tmp_path_factory: pytest.TempPathFactory) -> None:
-    # Up to 10 attempts: the limit is not what is tested. 4 s: two checkpoints per 10 s attempt.
+    # MAX_ATTEMPTS as by default (3): only attempts lost without progress count. 4 s: two checkpoints per attempt.
     with private_stack(tmp_path_factory.mktemp("slow"), workers=0, LEASE_S="3", REAP_INTERVAL_S="1",
-                       MAX_ATTEMPTS="10", CHECKPOINT_INTERVAL_S="4") as stack:
+                       CHECKPOINT_INTERVAL_S="4") as stack:
         client, store = stack.client(), JobStore(stack.redis.client())
         stack.start_worker(SLOW, SLOW_STEP_S="2")
         job_id = client.post("/jobs", json=SPEC).json()["id"]

@@ -86,10 +86,13 @@ def _attempt(store: JobStore, job_id: str, settings: Settings) -> str:
     on_gpus = f", GPU {','.join(gpus)}" if gpus else ""
     store.leases.renew_lease(job_id, owner, settings.lease_s)  # before `running`: a reaper never sees one without it
     resumed = f", resuming from step {resume_from}" if resume_from else ""
+    # An attempt that starts past the last one's start shows that one made progress: the attempts lost in a row
+    # without progress (the reaper's count against MAX_ATTEMPTS) start again from none.
+    progressed = {"stalled": 0} if resume_from > store.jobs.resumed_from(job_id) else {}
     moved, now_state = store.jobs.transition(
         job_id, JobState.RUNNING, [JobState.QUEUED],
         f"attempt {attempt} on {worker['host']} ({device.kind}{on_gpus}){resumed}",
-        started_at=clock.iso(), attempt=attempt, worker=worker,
+        started_at=clock.iso(), attempt=attempt, worker=worker, resumed_from=resume_from, **progressed,
     )
     if not moved:
         if now_state is not None and now_state.terminal:

@@ -77,8 +77,28 @@ def test_the_last_attempt_lost_fails_the_job_with_worker_lost(
     assert Reaper(settings, Redis.from_url(server.url)).reap_once() == []
     job = store.jobs.get(job_id)
     assert job is not None and job.state is JobState.FAILED and job.error is not None
-    assert job.error.reason == "worker_lost" and "each of its 3 attempts" in job.error.message
+    assert job.error.reason == "worker_lost" and "on 3 attempts in a row" in job.error.message
     assert rq_ids(server) == []
+
+
+def test_only_attempts_lost_in_a_row_without_progress_count_against_the_limit(
+        settings: Settings, store: JobStore, server: RedisServer) -> None:
+    """Each attempt resumes past the one before (the worker resets `stalled`): five lost attempts, still queued.
+    Then three in a row from the same checkpoint: failed, on the third."""
+    job_id = running_job(store, server)
+    reaper = Reaper(settings, Redis.from_url(server.url))
+    for attempt in range(2, 7):
+        assert reaper.reap_once() == [job_id]
+        store.jobs.transition(job_id, JobState.RUNNING, [JobState.QUEUED], f"attempt {attempt}", attempt=attempt,
+                              resumed_from=attempt * 10, stalled=0)
+    for attempt in range(7, 9):
+        assert reaper.reap_once() == [job_id]
+        store.jobs.transition(job_id, JobState.RUNNING, [JobState.QUEUED], f"attempt {attempt}", attempt=attempt,
+                              resumed_from=60)
+    assert reaper.reap_once() == []
+    job = store.jobs.get(job_id)
+    assert job is not None and job.state is JobState.FAILED and job.error is not None
+    assert "on 3 attempts in a row" in job.error.message and job.attempt == 8
 
 
 def test_two_reapers_requeue_a_job_once(settings: Settings, store: JobStore, server: RedisServer) -> None:

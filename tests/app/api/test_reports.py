@@ -20,6 +20,7 @@ SPEC = ComparisonSpec.model_validate({"spec": {"model": {"name": "mlp"}}})
 LABELS = ["float32", "mixed_float16 + dynamic", "mixed_float16 + none", "mixed_bfloat16"]
 NOISE = (0.95, 1.05)
 DIVERGED = JobError(reason="diverged", message="Loss was NaN for 10 steps.")
+LOST = JobError(reason="worker_lost", message="The worker running this job disappeared on each of its 3 attempts.")
 
 
 def speed(median: float, low: float, high: float, difference: SpeedDifference,
@@ -151,6 +152,62 @@ def test_no_match_keeps_float32_and_failures_are_named() -> None:
     assert result.verdict.startswith("mixed_float16 + dynamic failed (diverged: Loss was NaN for 10 steps.); "
                                      "mixed_float16 + none ends +50% from float32's loss, 2.00× faster than float32")
     assert "No variant matched float32's loss within 2%: keep float32." in result.verdict
+
+
+def test_a_verdict_with_failed_variants_names_the_one_that_matched() -> None:
+    """Issue 31 item 6: float32 succeeded, both float16 variants failed worker_lost, bfloat16 ended -0.0054% from
+    float32, and its speed was lost with the baseline's timing. The verdict said no variant matched."""
+    lost = (f"mixed_float16 + dynamic failed (worker_lost: {LOST.message}); "
+            f"mixed_float16 + none failed (worker_lost: {LOST.message}); ")
+    failed = [job(1, None, state=JobState.FAILED, error=LOST), job(2, None, state=JobState.FAILED, error=LOST)]
+    untimed = report([job(0, 1.0), *failed, job(3, 0.999946)])
+    assert untimed.verdict == (
+        lost + "mixed_bfloat16 matches float32 within 0.0054%, speed not measured. "
+        "mixed_bfloat16 matched float32's loss within 2%; mixed_float16 + dynamic and mixed_float16 + none failed. "
+        "Speed was not measured for mixed_bfloat16, so no precision is recommended for speed: keep float32 until a "
+        "comparison has timed it. " + reports.TRAINING_LOSS_ONLY)
+    # The soak's row: its excess zeros (1.2% of gradient values) earned a gradient_underflow diagnosis.
+    flagged = report([job(0, 1.0), *failed, job(3, 0.999946, codes=("gradient_underflow",), zero=0.012)])
+    assert flagged.verdict == (
+        lost + "mixed_bfloat16: without loss scaling gradients underflow (up to 1.2% of gradient values zero that "
+        "are not zero in float32), and its loss ends -0.0054% from float32's. "
+        "mixed_bfloat16 matched float32's loss within 2% but its gradients underflow; mixed_float16 + dynamic and "
+        "mixed_float16 + none failed. A variant whose gradients underflow is not recommended: keep float32. "
+        + reports.TRAINING_LOSS_ONLY)
+    speeds = timed(speed(0.5, 0.45, 0.55, "faster"), speed(0.5, 0.45, 0.55, "faster"), speed(1.0, 0.95, 1.05, "none"))
+    timed_none = report([job(0, 1.0, speeds=speeds), *failed, job(3, 0.999946)])
+    assert timed_none.verdict == (
+        lost + "mixed_bfloat16 matches float32 within 0.0054%, no measurable speed difference from float32 (step "
+        "time 0.95–1.05× float32's). mixed_bfloat16 matched float32's loss within 2%; mixed_float16 + dynamic and "
+        "mixed_float16 + none failed. mixed_bfloat16 is not measurably faster on cpu: keep float32 on this device, "
+        "and compare again on one with float16/bfloat16 hardware. Speeds: step time against float32's, every variant "
+        "timed in turns in one process after the float32 run; intervals are the quartiles of the per-round ratios. "
+        + reports.TRAINING_LOSS_ONLY)
+    every = report([job(0, 1.0), *failed, job(3, None, state=JobState.FAILED, error=LOST)])
+    assert every.verdict.endswith(" No variant finished: keep float32. " + reports.TRAINING_LOSS_ONLY)
+
+
+def test_the_speed_words_at_each_call_and_at_the_tie_boundary() -> None:
+    """Expected words written by hand: equal speed, faster, slower, not timed, not measured; a variant whose low
+    quartile equals the fastest's high quartile ties with it (the safest wins), a hair above does not."""
+    words = report([job(0, 1.0, speeds=timed(speed(1.0, 1.0, 1.0, "none"), speed(4.0, 3.2, 5.0, "slower"), None)),
+                    job(1, 1.0), job(2, 1.0), job(3, 1.0)]).verdict
+    assert words.startswith(
+        "mixed_float16 + dynamic matches float32 within 0%, no measurable speed difference from float32 (step time "
+        "1.00–1.00× float32's); mixed_float16 + none matches float32 within 0%, 4.00× slower than float32 "
+        "(3.20–5.00×); mixed_bfloat16 matches float32 within 0%, not timed (it could not train beside float32). "
+        "Speed was not measured for mixed_bfloat16, and mixed_float16 + dynamic and mixed_float16 + none are not "
+        "measurably faster on cpu, so no precision is recommended for speed: keep float32 until a comparison has "
+        "timed it.")
+    unmeasured = report([job(0, 1.0), job(1, 1.0), job(2, 1.0), job(3, 1.0)]).verdict
+    assert unmeasured.startswith("mixed_float16 + dynamic matches float32 within 0%, speed not measured; ")
+    at = timed(speed(0.25, 0.2, 0.3, "faster"), speed(0.5, 0.45, 0.55, "faster"), speed(0.4, 0.3, 0.5, "faster"))
+    assert " Use mixed_bfloat16. " in report([job(0, 1.0, speeds=at), job(1, 1.0), job(2, 1.0), job(3, 1.0)]).verdict
+    past = timed(speed(0.25, 0.2, 0.3, "faster"), speed(0.5, 0.45, 0.55, "faster"), speed(0.4, 0.31, 0.5, "faster"))
+    assert " Use mixed_float16 + dynamic. " in report([job(0, 1.0, speeds=past), job(1, 1.0), job(2, 1.0),
+                                                     job(3, 1.0)]).verdict
+    assert "2.00× faster than float32 (1.82–2.22×)" in report([job(0, 1.0, speeds=past), job(1, 1.0), job(2, 1.0),
+                                                               job(3, 1.0)]).verdict
 
 
 def test_running_comparison_reports_progress() -> None:

@@ -9,6 +9,7 @@ paired on the same examples (app/api/heldout.py; the method in docs/numerics.md)
 from __future__ import annotations
 
 import math
+from enum import Enum
 from pathlib import Path
 
 from app.api import heldout
@@ -156,10 +157,117 @@ def _risk(r: VariantResult) -> int:
     return _risk_of(r.precision_policy.compute_dtype, mode) + (4 if full_low else 0)
 
 
+class Outcome(str, Enum):
+    """What one variant's row shows against float32, decided once (`outcome`): the verdict's closing
+    sentence is built from these alone, so it cannot say of a row what its clause does not."""
+
+    MATCHED = "matched"
+    """Within the tolerance of float32's loss (or not measurably worse on held-out data), with no warning."""
+    FLAGGED = "flagged"
+    """Matched, but its gradients underflow: some weights did not learn on some steps. Never recommended."""
+    OFF = "off"
+    """Its final training loss is further from float32's than the tolerance."""
+    WORSE = "worse"
+    """Measurably worse than float32 on held-out data."""
+    NO_LOSS = "no_loss"
+    """Succeeded without a final loss to compare (a non-finite loss among its last steps)."""
+    UNFINISHED = "unfinished"
+    """Failed or canceled: its clause names the reason."""
+
+
+def outcome(r: VariantResult, tolerance: float) -> Outcome:
+    """`r`'s row in one word: a held-out verdict, when there is one, decides whether it matched, else the loss gap."""
+    if r.state is not JobState.SUCCEEDED:
+        return Outcome.UNFINISHED
+    if r.held_out is not None:
+        if _worse(r.held_out):
+            return Outcome.WORSE
+    elif r.loss_gap is None:
+        return Outcome.NO_LOSS
+    elif abs(r.loss_gap) > tolerance:
+        return Outcome.OFF
+    return Outcome.FLAGGED if UNDERFLOW in {d.code for d in r.diagnoses} else Outcome.MATCHED
+
+
+def _names(rows: list[VariantResult]) -> str:
+    labels = [r.label for r in rows]
+    return labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} and {labels[-1]}"
+
+
+def _what(o: Outcome, r: VariantResult, tolerance: float, many: bool) -> str:
+    """What the rows with outcome `o` did (their verb phrase, past tense), as `r` shows it."""
+    basis = f"held-out {r.held_out.metric}" if r.held_out is not None else f"loss within {percent(tolerance)}"
+    return {
+        Outcome.MATCHED: f"matched float32's {basis}",
+        Outcome.FLAGGED: f"matched float32's {basis} but {'their' if many else 'its'} gradients underflow",
+        Outcome.OFF: f"ended more than {percent(tolerance)} from float32's loss",
+        Outcome.WORSE: "ended measurably worse than float32 on held-out data",
+        Outcome.NO_LOSS: "had no final loss to compare",
+        Outcome.UNFINISHED: r.state.value,
+    }[o]
+
+
+def _tally(rows: list[tuple[VariantResult, Outcome]], tolerance: float) -> str:
+    """Every variant by outcome, in one sentence: ` a matched float32's loss within 2%; b and c failed.`"""
+    groups: dict[tuple[Outcome, str], list[VariantResult]] = {}
+    for o in Outcome:
+        for r in (r for r, ro in rows if ro is o):
+            groups.setdefault((o, _what(o, r, tolerance, False)), []).append(r)
+    parts = [f"{_names(rs)} {_what(o, rs[0], tolerance, len(rs) > 1)}" for (o, _), rs in groups.items()]
+    return f" {'; '.join(parts)}."
+
+
+def _closing(rows: list[tuple[VariantResult, Outcome]], tolerance: float, device: str) -> str:
+    """What to use, from the rows' outcomes (and the matched rows' speeds) only."""
+    matched = [r for r, o in rows if o is Outcome.MATCHED]
+    outcomes = {o for _, o in rows}
+    faster = [r for r in matched if r.speed is not None and r.speed.difference == "faster"]
+    if faster:
+        top = min(faster, key=lambda r: r.speed.slowdown if r.speed else math.inf)
+        top_high = top.speed.interval[1] if top.speed else math.inf
+        tied = [r for r in faster if r.speed is not None and r.speed.interval[0] <= top_high]
+        best = min(tied, key=_risk)
+        text = f" Use {best.label}."
+        if _risk(best) >= _risk_of("float16", "none"):
+            text += (" It has no loss scaling: gradients below float16's range would silently become zero "
+                     "on other data; dynamic scaling costs little.")
+        return text
+    everyone = outcomes == {Outcome.MATCHED}
+    tally = "" if everyone else _tally(rows, tolerance)
+    untimed = [r for r in matched if r.speed is None]
+    timed = [r for r in matched if r.speed is not None]
+    not_faster = f"{_names(timed)} {'is' if len(timed) == 1 else 'are'} not measurably faster on {device}" \
+        if timed else ""
+    if untimed:
+        who = "every variant" if len(untimed) == len(rows) else _names(untimed)
+        also = f", and {not_faster}" if timed else ""
+        return tally + (f" Speed was not measured for {who}{also}, so no precision is recommended for speed: "
+                        f"keep float32 until a comparison has timed {'it' if len(untimed) == 1 else 'them'}.")
+    hardware = "keep float32 on this device, and compare again on one with float16/bfloat16 hardware."
+    if everyone:
+        judged = [r.held_out for r in matched if r.held_out is not None]
+        kept = f"float32's held-out {judged[0].metric}" if judged else "float32's training loss"
+        return f" Mixed precision keeps {kept} here but none of it is measurably faster on {device}: {hardware}"
+    if matched:
+        return f"{tally} {not_faster}: {hardware}"
+    if Outcome.FLAGGED in outcomes:
+        return tally + " A variant whose gradients underflow is not recommended: keep float32."
+    if outcomes == {Outcome.UNFINISHED}:
+        return " No variant finished: keep float32."
+    if Outcome.WORSE not in outcomes:
+        return f" No variant matched float32's loss within {percent(tolerance)}: keep float32."
+    if outcomes <= {Outcome.WORSE, Outcome.UNFINISHED}:
+        return " Every variant is measurably worse than float32 on held-out data, or did not finish: keep float32."
+    return tally + " No variant matched float32: keep float32."
+
+
 def verdict(results: list[VariantResult], base_job: JobRecord, tolerance: float,
             control: VariantResult | None = None) -> str:
     """Each variant against float32 in a clause, then what to use.
 
+    Each variant is classified once (`outcome`), and the closing sentence is built from
+    those outcomes only, so it never contradicts a clause: a variant that matched is never
+    called unmatched, and one that matched but is not recommended is named with the reason.
     Speed is the baseline job's one measurement of every variant in turns, never the
     training runs' examples/s: a variant counts as faster only when its whole interval
     is. Among the faster ones, those not measurably slower than the fastest tie, and
@@ -176,35 +284,10 @@ def verdict(results: list[VariantResult], base_job: JobRecord, tolerance: float,
     elif control is not None:
         why = control.held_out_error or f"it {control.state.value}"
         text += f" No seed noise: the float32 run with another seed has no held-out result ({why})."
-    judged = [r.held_out for r in others if r.held_out is not None]
-    good = [r for r in others if r.state is JobState.SUCCEEDED and UNDERFLOW not in {d.code for d in r.diagnoses}
-            and (not _worse(r.held_out) if r.held_out is not None
-                 else r.loss_gap is not None and abs(r.loss_gap) <= tolerance)]
-    faster = [r for r in good if r.speed is not None and r.speed.difference == "faster"]
-    device = base.device or "this device"
-    if faster:
-        top = min(faster, key=lambda r: r.speed.slowdown if r.speed else math.inf)
-        top_high = top.speed.interval[1] if top.speed else math.inf
-        tied = [r for r in faster if r.speed is not None and r.speed.interval[0] <= top_high]
-        best = min(tied, key=_risk)
-        text += f" Use {best.label}."
-        if _risk(best) >= _risk_of("float16", "none"):
-            text += (" It has no loss scaling: gradients below float16's range would silently become zero "
-                     "on other data; dynamic scaling costs little.")
-    elif good and any(r.speed is None for r in good):
-        text += (" Speed was not measured for every variant, so no precision is recommended for speed: "
-                 "keep float32 until a comparison has timed them.")
-    elif good:
-        kept = f"float32's held-out {judged[0].metric}" if judged else "float32's training loss"
-        text += (f" Mixed precision keeps {kept} here but none of it is measurably faster on {device}: "
-                 "keep float32 on this device, and compare again on one with float16/bfloat16 hardware.")
-    elif judged:
-        text += " Every variant is measurably worse than float32 on held-out data, or did not finish: keep float32."
-    else:
-        text += f" No variant matched float32's loss within {tolerance:.0%}: keep float32."
+    text += _closing([(r, outcome(r, tolerance)) for r in others], tolerance, base.device or "this device")
     if base_job.summary and base_job.summary.variant_speeds:
         text += (" Speeds: step time against float32's, every variant timed in turns in one process after the "
                  "float32 run; intervals are the quartiles of the per-round ratios.")
-    if not judged and not any(r.held_out_error for r in others):
+    if not any(r.held_out is not None or r.held_out_error for r in others):
         text += f" {TRAINING_LOSS_ONLY}"
     return text

@@ -18,7 +18,7 @@ from app.core.config import MIN_SPEED_ROUNDS, Settings
 from app.core.errors import UnsupportedPrecision
 from mpjobs.cli.words import precision_speed_words
 from mpjobs.contract.formats import speed_words
-from mpjobs.contract.records import PrecisionSpeed, speed_difference
+from mpjobs.contract.records import PrecisionSpeed, SpeedDifference
 from mpjobs.contract.spec import JobSpec, PrecisionPolicy, Variant
 from tests.worker.conftest import Train, spec_of, trained_weights
 from worker.engine import training as engine
@@ -304,16 +304,16 @@ def test_the_float32_twin_changes_only_the_precision() -> None:
     assert twin.model == spec.model and twin.training == spec.training and twin.dataset == spec.dataset
 
 
-def timed(policy_ms: float, float32_ms: float, low: float, high: float, noise: tuple[float, float] = (0.97, 1.04),
-          ) -> PrecisionSpeed:
+def timed(policy_ms: float, float32_ms: float, low: float, high: float, difference: SpeedDifference,
+          noise: tuple[float, float] = (0.97, 1.04)) -> PrecisionSpeed:
+    """A measured speed whose call is written by hand (the rule's own test: test_speed_difference.py)."""
     slowdown = policy_ms / float32_ms
     return PrecisionSpeed(policy_ms=policy_ms, float32_ms=float32_ms, slowdown=slowdown, steps=36, low=low,
-                          high=high, noise_low=noise[0], noise_high=noise[1], rounds=9,
-                          difference=speed_difference(low, high, *noise))
+                          high=high, noise_low=noise[0], noise_high=noise[1], rounds=9, difference=difference)
 
 
 def test_the_slow_precision_message_gives_the_measured_figures() -> None:
-    speed = timed(92.1, 16.2, 5.1, 6.3)  # 92.1 / 16.2 = 5.685...
+    speed = timed(92.1, 16.2, 5.1, 6.3, "slower")  # 92.1 / 16.2 = 5.685...
     assert slow_precision_message(CPU, "float16", "mixed_float16", speed) == (
         "On this CPU (Test CPU; it has avx512_bf16) a training step of this model took 92.1 ms under mixed_float16 "
         "against 16.2 ms in float32: 5.69× slower than float32 (5.10–6.30×), the quartiles of 9 rounds timed in "
@@ -323,17 +323,16 @@ def test_the_slow_precision_message_gives_the_measured_figures() -> None:
     )
     # Three significant digits of a millisecond, and ratios rounded half away from zero (2.125 is exact in binary).
     bare = DeviceInfo("cpu", "Old CPU", "tensorflow")
-    at_the_threshold = timed(1234.5, 617.25, 1.5, 2.125)
+    at_the_threshold = timed(1234.5, 617.25, 1.5, 2.125, "slower")
     assert (slow_precision_message(bare, "bfloat16", "mixed_bfloat16", at_the_threshold) or "").startswith(
         "On this CPU (Old CPU; it has none of avx512_fp16, amx_fp16, avx512_bf16, amx_bf16) a training step of this "
         "model took 1.23e+03 ms under mixed_bfloat16 against 617 ms in float32: 2.00× slower than float32 "
         "(1.50–2.13×), the quartiles of 9 rounds")
     # Only a whole interval beyond the threshold earns it: a median above 1.5 is not enough.
-    straddles = timed(16.2 * 1.6, 16.2, 1.3, 1.9)
-    assert straddles.difference == "slower" and slow_precision_message(CPU, "float16", "mixed_float16",
-                                                                       straddles) is None
-    noisy = timed(16.2 * 1.8, 16.2, 1.6, 2.0, noise=(0.5, 2.1))  # beyond 1.5 but inside this machine's noise
-    assert noisy.difference == "none" and slow_precision_message(CPU, "float16", "mixed_float16", noisy) is None
+    straddles = timed(16.2 * 1.6, 16.2, 1.3, 1.9, "slower")
+    assert slow_precision_message(CPU, "float16", "mixed_float16", straddles) is None
+    noisy = timed(16.2 * 1.8, 16.2, 1.6, 2.0, "none", noise=(0.5, 2.1))  # beyond 1.5 but inside this machine's noise
+    assert slow_precision_message(CPU, "float16", "mixed_float16", noisy) is None
     assert slow_precision_message(CPU, "float16", "mixed_float16", None) is None
     assert slow_precision_message(CPU, "float32", "float32", speed) is None
 
@@ -348,13 +347,13 @@ def test_a_gpu_is_judged_by_its_compute_capability() -> None:
     assert "8.0 or newer" in (slow_precision_message(volta, "bfloat16", "mixed_bfloat16") or "")
 
 
-@pytest.mark.parametrize(("low", "high", "words"), [
-    (5.1, 6.3, "5.69× slower than float32 (5.10–6.30×) (92.1 ms against 16.2 ms per step, quartiles of 9 rounds; "
-               "float32 against itself 0.97–1.04×)"),
-    (0.9, 1.06, "no measurable speed difference from float32 (step time 0.90–1.06× float32's)"),
-    (0.45, 0.55, "2.00× faster than float32 (1.82–2.22×)"),
+@pytest.mark.parametrize(("low", "high", "call", "words"), [
+    (5.1, 6.3, "slower", "5.69× slower than float32 (5.10–6.30×) (92.1 ms against 16.2 ms per step, quartiles of 9 "
+                         "rounds; float32 against itself 0.97–1.04×)"),
+    (0.9, 1.06, "none", "no measurable speed difference from float32 (step time 0.90–1.06× float32's)"),
+    (0.45, 0.55, "faster", "2.00× faster than float32 (1.82–2.22×)"),
 ])
-def test_the_cli_says_the_speed_in_words(low: float, high: float, words: str) -> None:
+def test_the_cli_says_the_speed_in_words(low: float, high: float, call: SpeedDifference, words: str) -> None:
     median = (low + high) / 2 if high < 5 else 92.1 / 16.2
-    speed = timed(median * 16.2, 16.2, low, high)
+    speed = timed(median * 16.2, 16.2, low, high, call)
     assert precision_speed_words(speed.model_dump(mode="json")).startswith(words)

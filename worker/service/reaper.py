@@ -12,6 +12,7 @@ from redis.client import Pipeline
 
 from app.core.config import Settings
 from app.store import JobStore
+from app.store.connect import client
 from app.store.queue import enqueue
 from app.store.retention import Archiver
 
@@ -32,7 +33,7 @@ class Reaper:
 
     def __init__(self, settings: Settings, rq_redis: Redis) -> None:
         self.settings, self.rq_redis = settings, rq_redis
-        self.store = JobStore(Redis.from_url(settings.redis_url, decode_responses=True), settings.artifacts_dir)
+        self.store = JobStore(client(settings.redis_url), settings.artifacts_dir)
         self.archiver = Archiver(self.store, settings.history_retention_s)
         self._threads = [threading.Thread(target=self._loop, args=(self.reap_once, "reaper"), name="reaper",
                                           daemon=True),

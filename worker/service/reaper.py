@@ -23,8 +23,8 @@ class Reaper:
     """Requeues running jobs whose lease expired (their worker died), on a thread.
 
     Every worker runs one; the check and the move happen in one Lua script, so
-    exactly one reaper requeues a job. Each retry is a new RQ job (app/store/queue.py `retry_id`).
-    An enqueue that fails after the move is retried on the next pass.
+    exactly one reaper requeues a job. Each retry is a new RQ job (app/store/queue.py `retry_id`),
+    at the front of its queue. An enqueue that fails after the move is retried on the next pass.
 
     On a second thread, as often, it archives the histories of jobs that ended more than
     HISTORY_RETENTION_S ago (app/store/retention.py; a claim per job keeps two workers off one job),
@@ -78,6 +78,6 @@ class Reaper:
         spec = job.spec
 
         def queue(rq_job_id: str, pipe: Pipeline) -> None:
-            enqueue(self.rq_redis, spec, job_id, pipe, rq_job_id=rq_job_id)
+            enqueue(self.rq_redis, spec, job_id, pipe, rq_job_id=rq_job_id, at_front=True)
 
         self.store.jobs.requeue(job_id, job.attempt + 1, queue, self.rq_redis.pipeline(transaction=True))

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import redis
-import redis.asyncio
 from fastapi import FastAPI, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exception_handlers import http_exception_handler
@@ -46,10 +45,12 @@ from app.core.errors import (
     JobNotFound,
     NotAnNpzBody,
     NotAuthenticated,
+    RedisFull,
     ServiceUnavailable,
     SpecRefused,
 )
 from app.store import JobStore
+from app.store.connect import UNAVAILABLE, async_client, client
 
 log = logging.getLogger("mpjobs.api")
 
@@ -65,6 +66,9 @@ _STATUS: dict[type[DomainError], int] = {
     DatasetTooLarge: status.HTTP_413_CONTENT_TOO_LARGE,
     NotAnNpzBody: status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
 }
+RETRY_AFTER_S = 1
+"""The Retry-After of a 503 that passes with time: Redis restarting, loading, failing over, or a key
+contended. Not of a full Redis (RedisFull): waiting alone frees nothing there."""
 
 
 def _status_of(exc: DomainError) -> int:
@@ -83,11 +87,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not app.state.api_keys:
             log.warning("API_KEYS is not set: the API is open to anyone who can reach it. "
                         "Bind it to 127.0.0.1 (the default of `make run`) or set API_KEYS.")
-        app.state.redis = redis.Redis.from_url(settings.redis_url, decode_responses=True,
-                                               socket_timeout=5, socket_connect_timeout=2)
-        app.state.rq_redis = redis.Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=2)
-        app.state.aredis = redis.asyncio.Redis.from_url(settings.redis_url, decode_responses=True,
-                                                        socket_connect_timeout=2)
+        app.state.redis = client(settings.redis_url, socket_timeout=5)
+        app.state.rq_redis = client(settings.redis_url, decode_responses=False, socket_timeout=5)
+        app.state.aredis = async_client(settings.redis_url)
         app.state.store = JobStore(app.state.redis, settings.artifacts_dir)
         app.state.live_workers = LiveWorkers(app.state.rq_redis)
         app.state.job_views = JobViews(app.state.aredis, app.state.store, app.state.live_workers)
@@ -121,6 +123,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def domain_error(request: Request, exc: DomainError) -> JSONResponse:
         code = _status_of(exc)
         headers = {"WWW-Authenticate": "Bearer"} if code == status.HTTP_401_UNAUTHORIZED else None
+        if isinstance(exc, ServiceUnavailable) and not isinstance(exc, RedisFull):
+            headers = {"Retry-After": str(RETRY_AFTER_S)}
         body = {"detail": str(exc), **({"state": exc.state} if isinstance(exc, JobAlreadyEnded) else {})}
         return JSONResponse(body, status_code=code, headers=headers)
 
@@ -152,10 +156,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.warning("redis refused a write as out of memory: %s", exc)
         return await domain_error(request, await run_in_threadpool(request.app.state.memory.refused))
 
-    # Only an unreachable or full Redis is a 503; any other Redis error is our bug, a 500. A full one
-    # refuses a MULTI/EXEC whole (EXECABORT), so a create it refuses has written nothing.
-    app.add_exception_handler(redis.ConnectionError, redis_down)
-    app.add_exception_handler(redis.TimeoutError, redis_down)
+    # A Redis starting, loading, failing over (UNAVAILABLE: app/store/connect.py) or full is a 503, an answer
+    # that keeps the client's connection open; any other Redis error is our bug, a 500. A WatchError that
+    # gets here is redis-py's wrapping of one of those met inside a WATCH ("A BusyLoadingError occurred
+    # while watching one or more keys"): an EXEC's real race is retried by the store (idempotency.py).
+    # A full Redis refuses a MULTI/EXEC whole (EXECABORT), so a create it refuses has written nothing.
+    for unavailable in (*UNAVAILABLE, redis.WatchError):
+        app.add_exception_handler(unavailable, redis_down)
     app.add_exception_handler(redis.exceptions.OutOfMemoryError, redis_full)
 
     return app

@@ -183,7 +183,7 @@ def fault(stack: Stack, soak: Soak, faults: Faults, rng: random.Random, started:
             victim.wait()
             soak.kills.append((time.time(), job_id, attempt))
             stack.workers.remove(victim)
-            stack.start_worker(wait=False)
+            stack.start_worker(registered=False)
     if now >= due["redis"]:
         due["redis"] = now + faults.redis_every_s
         count = sum(soak.redis_restarts.values()) + 1

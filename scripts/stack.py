@@ -58,15 +58,24 @@ class RedisServer:
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, *options: str, loaded: bool = True) -> None:
+        """Start redis-server with these extra `options` (`--key-load-delay`, `1000`); wait until it has
+        loaded its data, or with `loaded=False` only until it answers (LOADING, while it loads)."""
         self.process = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
              "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
-             "--maxmemory-policy", "noeviction"],
+             "--maxmemory-policy", "noeviction", *options],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         client = redis.Redis.from_url(self.url)
-        wait_until(client.ping, 10, "redis-server")
+
+        def answers() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.BusyLoadingError:
+                return not loaded
+
+        wait_until(answers, 10, "redis-server")
 
     def stop(self) -> None:
         if self.process is not None:
@@ -112,15 +121,19 @@ class Stack:
                                 "--port", str(self.port)], "api.log")
         wait_until(lambda: httpx.get(f"{self.base_url}/healthz").status_code == 200, 30, "the API")
 
-    def start_worker(self, module: str = "worker", wait: bool = True, **env: str) -> subprocess.Popen[bytes]:
-        """`python -m worker` (or `module`, a test's stand-in for it), with `env` added; with `wait`, until it
-        has registered."""
+    def start_worker(self, module: str = "worker", registered: bool = True, **env: str) -> subprocess.Popen[bytes]:
+        """`python -m worker` (or `module`, a test's stand-in for it) with `env` added, its output in
+        logs/worker{n}.log; waits until it has registered with RQ, unless `registered=False` (Redis is not
+        up yet, or the caller does not wait)."""
         worker = self._spawn([sys.executable, "-m", module], f"worker{len(self.workers)}.log", **env)
         self.workers.append(worker)
-        key = f"rq:worker:{socket.gethostname()}.{worker.pid}"
-        if wait:
-            wait_until(lambda: self.redis.client().exists(key), 60, "the worker to register")
+        if registered:
+            self.wait_registered(worker)
         return worker
+
+    def wait_registered(self, worker: subprocess.Popen[bytes], timeout: float = 60) -> None:
+        key = f"rq:worker:{socket.gethostname()}.{worker.pid}"
+        wait_until(lambda: self.redis.client().exists(key), timeout, "the worker to register")
 
     def start_supervisor(self, host_gpus: str, **env: str) -> subprocess.Popen[bytes]:
         """`python -m worker` on a host given the GPUs `host_gpus` (`0,1`): waits until a slot per

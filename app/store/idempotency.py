@@ -56,6 +56,10 @@ def write_once(pipe: Pipeline, key: IdempotencyKey | None, exists: Callable[[str
     changed, read it again and return its record. A key that names no record (one an older version
     left, a record deleted by hand) names nothing that was made: the request reclaims it.
 
+    Only EXEC's WatchError is a race, or a connection lost at EXEC, which may have written the record:
+    either way the key is read again. One from WATCH or GET is redis-py wrapping an error of Redis itself
+    ("A BusyLoadingError occurred while watching one or more keys"): it propagates, a 503 (app/main.py).
+
     Raises IdempotencyConflict when the key names a record made from another fingerprint.
     """
     with pipe:

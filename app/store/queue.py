@@ -62,10 +62,12 @@ def job_timeout(spec: JobSpec) -> int:
     return NO_TIMEOUT if max_seconds is None else int(max_seconds) + TIMEOUT_GRACE_S
 
 
-def enqueue(redis: Redis, spec: JobSpec, job_id: str, pipe: Pipeline, rq_job_id: str | None = None) -> None:
-    """Queue the task for `job_id`; a retry gets its own RQ job id (`rq_job_id`)."""
+def enqueue(redis: Redis, spec: JobSpec, job_id: str, pipe: Pipeline, rq_job_id: str | None = None,
+            at_front: bool = False) -> None:
+    """Queue the task for `job_id`; a retry gets its own RQ job id (`rq_job_id`). A new job waits at the back
+    of its queue; a retry goes `at_front`: it has trained part of its run, and loses the least by going first."""
     Queue(queue_for(spec), connection=redis).enqueue_call(
-        TASK, args=(job_id,), job_id=rq_job_id or job_id, timeout=job_timeout(spec),
+        TASK, args=(job_id,), job_id=rq_job_id or job_id, timeout=job_timeout(spec), at_front=at_front,
         result_ttl=RESULT_TTL_S, failure_ttl=RESULT_TTL_S, pipeline=pipe,
         description=f"train {spec.model_dump(include={'model'})['model'].get('name', 'keras_json')} "
                     f"{spec.precision_policy.value}",

@@ -12,6 +12,7 @@ from redis.client import Pipeline
 
 from app.core.config import Settings
 from app.store import JobStore
+from app.store.connect import client
 from app.store.queue import enqueue
 from app.store.retention import Archiver
 
@@ -22,8 +23,8 @@ class Reaper:
     """Requeues running jobs whose lease expired (their worker died), on a thread.
 
     Every worker runs one; the check and the move happen in one Lua script, so
-    exactly one reaper requeues a job. Each retry is a new RQ job (app/store/queue.py `retry_id`).
-    An enqueue that fails after the move is retried on the next pass.
+    exactly one reaper requeues a job. Each retry is a new RQ job (app/store/queue.py `retry_id`),
+    at the front of its queue. An enqueue that fails after the move is retried on the next pass.
 
     On a second thread, as often, it archives the histories of jobs that ended more than
     HISTORY_RETENTION_S ago (app/store/retention.py; a claim per job keeps two workers off one job),
@@ -32,7 +33,7 @@ class Reaper:
 
     def __init__(self, settings: Settings, rq_redis: Redis) -> None:
         self.settings, self.rq_redis = settings, rq_redis
-        self.store = JobStore(Redis.from_url(settings.redis_url, decode_responses=True), settings.artifacts_dir)
+        self.store = JobStore(client(settings.redis_url), settings.artifacts_dir)
         self.archiver = Archiver(self.store, settings.history_retention_s)
         self._threads = [threading.Thread(target=self._loop, args=(self.reap_once, "reaper"), name="reaper",
                                           daemon=True),
@@ -77,6 +78,6 @@ class Reaper:
         spec = job.spec
 
         def queue(rq_job_id: str, pipe: Pipeline) -> None:
-            enqueue(self.rq_redis, spec, job_id, pipe, rq_job_id=rq_job_id)
+            enqueue(self.rq_redis, spec, job_id, pipe, rq_job_id=rq_job_id, at_front=True)
 
         self.store.jobs.requeue(job_id, job.attempt + 1, queue, self.rq_redis.pipeline(transaction=True))

@@ -14,13 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-import redis
-from redis import Redis
+from redis.client import Pipeline
 
 from app.core import clock
 from app.core.config import Settings, get_settings
 from app.core.errors import JobFailed, TimedOut
-from app.store import JobStore
+from app.store import JobStore, connect
 from app.store.queue import enqueue
 from app.store.retention import archive_at_once
 from mpjobs.contract.jobs import FailureReason, JobState
@@ -53,7 +52,7 @@ STUCK_EXIT_CODE = 70
 
 def run_training(job_id: str) -> str:
     settings = get_settings()
-    client = Redis.from_url(settings.redis_url, decode_responses=True)
+    client = connect.client(settings.redis_url)
     try:
         store = JobStore(client, settings.artifacts_dir)
         outcome = _attempt(store, job_id, settings)
@@ -113,7 +112,7 @@ def _through_outage(write: Callable[[], T]) -> T:
     while True:
         try:
             return write()
-        except (redis.ConnectionError, redis.TimeoutError):
+        except connect.UNAVAILABLE:
             if time.monotonic() > deadline:
                 raise
             log.warning("redis unavailable; retrying in %.1f s", delay)
@@ -182,11 +181,13 @@ def _give_back(store: JobStore, job_id: str, why: str, settings: Settings) -> st
     job = store.jobs.get(job_id)
     if not moved or job is None:
         return f"skipped: {why}"
-    rq_redis = Redis.from_url(settings.redis_url)
+    rq_redis = connect.client(settings.redis_url, decode_responses=False)
+
+    def queue(rq_job_id: str, pipe: Pipeline) -> None:
+        enqueue(rq_redis, job.spec, job_id, pipe, rq_job_id, at_front=True)
+
     try:
-        _through_outage(lambda: store.jobs.requeue(
-            job_id, job.attempt + 1, lambda rq_job_id, pipe: enqueue(rq_redis, job.spec, job_id, pipe, rq_job_id),
-            rq_redis.pipeline(transaction=True)))
+        _through_outage(lambda: store.jobs.requeue(job_id, job.attempt + 1, queue, rq_redis.pipeline(transaction=True)))
     finally:
         rq_redis.close()
     return f"requeued: {why}"
@@ -213,7 +214,7 @@ def _drain(steps: RedisReporter) -> None:
     stays away past the outage budget they are lost, and the API reports them in `missing_steps`."""
     try:
         _through_outage(steps.drain)
-    except (redis.ConnectionError, redis.TimeoutError):
+    except connect.UNAVAILABLE:
         log.error("redis unreachable past the outage budget: %d step records lost", len(steps.pending))
 
 

@@ -11,15 +11,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-import redis
-
 from app.store import JobStore
+from app.store.connect import UNAVAILABLE
 from app.store.rollup import ROLLUP_STEPS, Rollup
 from mpjobs.contract.records import EvalRecord, LayerCheck, StepRecord, Summary
 
 log = logging.getLogger("mpjobs.worker")
 
-UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
 
 
 class RedisReporter:

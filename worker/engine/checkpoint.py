@@ -8,9 +8,9 @@ Each is written to a temp file in the same folder, fsynced, then renamed, so a
 crash mid-write leaves the earlier checkpoints intact. Several are kept: a
 checkpoint may be ahead of the steps Redis holds (an outage held them in memory,
 a crash lost them), and a resumed attempt starts from the newest one Redis has
-every step of (`load(at_most=...)`), so no step is left out. `prune` keeps the
-newest KEEP_ACKNOWLEDGED of those at or below the steps Redis acknowledged, and
-every one above.
+every step of (`load(at_most=...)`), so no step is left out. `prune` keeps every
+one after the last step Redis holds durably (acknowledged long enough ago for
+its AOF to have it on disk) and the newest KEEP_DURABLE at or below it.
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ from worker.telemetry.optimizer import TelemetryOptimizer
 
 LEGACY_NAME = "checkpoint.npz"
 """The single checkpoint of earlier versions: still read (and pruned) like the others."""
-KEEP_ACKNOWLEDGED = 2
-"""Checkpoints kept at or below the last step Redis acknowledged: two, so that a Redis crash that loses
-its last second of writes (AOF `everysec`) still leaves one at or below what it kept."""
+KEEP_DURABLE = 2
+"""Checkpoints kept at or below the last step Redis holds durably: the newest, and one more."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +50,10 @@ class Checkpoint:
 @dataclass(frozen=True)
 class Resume:
     """Where a run may resume and what it may prune: `at_most`, the last step Redis holds without a gap (None:
-    the newest checkpoint); `acknowledged()`, the last step Redis acknowledged so far (None: no Redis)."""
+    the newest checkpoint); `durable()`, the last step Redis holds durably so far (None: no Redis)."""
 
     at_most: int | None = None
-    acknowledged: Callable[[], int] | None = None
+    durable: Callable[[], int] | None = None
 
 
 def save(directory: Path, ckpt: Checkpoint) -> Path:
@@ -126,22 +125,22 @@ def discard_after(directory: Path, step: int) -> None:
             path.unlink(missing_ok=True)
 
 
-def prune(directory: Path, acknowledged: int | None) -> None:
-    """Keep every checkpoint after step `acknowledged` (Redis may not hold its steps yet) and the newest
-    KEEP_ACKNOWLEDGED at or below it; None: every step is acknowledged (no Redis behind the run)."""
+def prune(directory: Path, durable: int | None) -> None:
+    """Keep every checkpoint after step `durable` (a crash of Redis may yet lose its steps) and the newest
+    KEEP_DURABLE at or below it; None: every step is durable (no Redis behind the run)."""
     steps = saved_steps(directory)
-    below = [step for step in steps if acknowledged is None or step <= acknowledged]
-    for step in below[:-KEEP_ACKNOWLEDGED]:
+    below = [step for step in steps if durable is None or step <= durable]
+    for step in below[:-KEEP_DURABLE]:
         steps[step].unlink(missing_ok=True)
 
 
 class CheckpointWriter:
     """Writes checkpoints on one background thread, so a step waits only for the
     in-memory snapshot. At most one write is in flight; `close` waits for it and
-    re-raises its error, if any. `acknowledged()`: the last step Redis acknowledged (`prune`)."""
+    re-raises its error, if any. `durable()`: the last step Redis holds durably (`prune`)."""
 
-    def __init__(self, directory: Path, acknowledged: Callable[[], int] | None = None) -> None:
-        self.directory, self.acknowledged = directory, acknowledged
+    def __init__(self, directory: Path, durable: Callable[[], int] | None = None) -> None:
+        self.directory, self.durable = directory, durable
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -153,7 +152,7 @@ class CheckpointWriter:
     def _write(self, ckpt: Checkpoint) -> None:
         try:
             save(self.directory, ckpt)
-            prune(self.directory, None if self.acknowledged is None else self.acknowledged())
+            prune(self.directory, None if self.durable is None else self.durable())
         except BaseException as exc:  # Surfaced on the training thread by wait().
             self._error = exc
 

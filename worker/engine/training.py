@@ -186,7 +186,7 @@ class Training:
             self.start, summary_state = saved.step, saved.summary_state
         self.builder = SummaryBuilder(context, summary_state)
         self.builder.data_use = lambda done: data_use(self.dataset, held, done)
-        self.writer = checkpoint.CheckpointWriter(out, resume.acknowledged)
+        self.writer = checkpoint.CheckpointWriter(out, resume.durable)
         self.last_saved = self.start
         self.check: Float32Check | None = None
         # The float32 and layer checks differentiate outside `fit`, on one device: off on several (docs/numerics.md).

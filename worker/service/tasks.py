@@ -124,7 +124,7 @@ def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, s
            resume_from: int, limit: TimeLimit) -> str:
     board = TensorBoardReporter(out / TENSORBOARD_LOGDIR, resume_step=resume_from,
                                 description=describe(job_id, spec))
-    steps = RedisReporter(store, job_id, acknowledged=resume_from)
+    steps = RedisReporter(store, job_id, durable=resume_from)
     reporter = FanOut(steps, board)
     interrupter = Interrupter()
     with AttemptWatcher(store, job_id, owner, settings.lease_s, limit, interrupter,
@@ -134,7 +134,7 @@ def _train(store: JobStore, job_id: str, spec: JobSpec, out: Path, owner: str, s
                 with interrupter:
                     result = run_job(spec, reporter=reporter, checkpoint_dir=out, limit=limit,
                                      should_stop=watcher.cancel_requested.is_set, settings=settings,
-                                     resume=checkpoint.Resume(resume_from, lambda: steps.acknowledged))
+                                     resume=checkpoint.Resume(resume_from, steps.durable))
             finally:
                 _drain(steps)  # whatever the job's last transition is, its steps are stored first
         except CancelInterrupt:

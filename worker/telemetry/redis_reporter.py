@@ -9,6 +9,8 @@ to resend: a step id Redis already has is refused, and counted as written.
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from collections.abc import Sequence
 
 from app.store import JobStore
@@ -18,16 +20,21 @@ from mpjobs.contract.records import EvalRecord, LayerCheck, StepRecord, Summary
 
 log = logging.getLogger("mpjobs.worker")
 
+DURABLE_AFTER_S = 2.0
+"""Redis with AOF `everysec` has a write on disk within about a second: one acknowledged this long ago
+survives a crash of Redis, and a checkpoint at or below it is the oldest a resumed attempt may need."""
+
 
 
 class RedisReporter:
     """Writes each batch of records, with the layer checks handed over before it, in one pipelined
     round trip (XADD per step and per check)."""
 
-    def __init__(self, store: JobStore, job_id: str, acknowledged: int = 0) -> None:
+    def __init__(self, store: JobStore, job_id: str, durable: int = 0) -> None:
         self.store, self.job_id = store, job_id
-        self.acknowledged = acknowledged
-        """The last step Redis acknowledged: this attempt's, or the step it resumed from."""
+        self._durable = durable
+        self._acknowledged: deque[tuple[float, int]] = deque()
+        """(time.monotonic(), step) of each batch Redis acknowledged and `durable` has not yet passed."""
         self.partial = self._resume_partial()
         self.pending: list[StepRecord] = []
         self.pending_rollups: list[tuple[int, Rollup]] = []
@@ -79,11 +86,19 @@ class RedisReporter:
             self.pending_evaluations = []
         self.store.streams.append_steps(self.job_id, self.pending, self.pending_rollups, self.pending_layers)
         if self.pending:
-            self.acknowledged = self.pending[-1].step
+            self._acknowledged.append((time.monotonic(), self.pending[-1].step))
         if self.outage:
             log.warning("redis is back; wrote %d held step records and %d layer checks", len(self.pending),
                         len(self.pending_layers))
         self.pending, self.pending_rollups, self.pending_layers, self.outage = [], [], [], False
+
+    def durable(self) -> int:
+        """The last step Redis acknowledged at least DURABLE_AFTER_S ago (or the step the attempt resumed from):
+        one a crash of Redis no longer loses. Called from the checkpoint writer's thread."""
+        cutoff = time.monotonic() - DURABLE_AFTER_S
+        while self._acknowledged and self._acknowledged[0][0] <= cutoff:
+            self._durable = self._acknowledged.popleft()[1]
+        return self._durable
 
     def summary(self, summary: Summary) -> None:
         codes = {d.code for d in summary.diagnoses}

@@ -1,5 +1,5 @@
 """Checkpoint files: one per step, the newest at or below what Redis holds restored, pruned by what Redis
-acknowledged; and the checkpoint callback's interval in steps or seconds, whichever comes first."""
+holds durably; and the checkpoint callback's interval in steps or seconds, whichever comes first."""
 
 from __future__ import annotations
 
@@ -45,11 +45,11 @@ def test_an_earlier_versions_single_checkpoint_is_still_read(tmp_path: Path) -> 
     assert legacy is not None and legacy.step == 75 and legacy.optimizer_values == []
 
 
-def test_prune_keeps_every_unacknowledged_one_and_the_newest_two_acknowledged(tmp_path: Path) -> None:
+def test_prune_keeps_every_one_past_the_durable_step_and_the_newest_two_at_or_below(tmp_path: Path) -> None:
     write(tmp_path, 50, 100, 150, 200, 250, 300)
-    checkpoint.prune(tmp_path, acknowledged=240)
+    checkpoint.prune(tmp_path, durable=240)
     assert list(checkpoint.saved_steps(tmp_path)) == [150, 200, 250, 300]
-    checkpoint.prune(tmp_path, acknowledged=None)  # no Redis behind the run: every step acknowledged
+    checkpoint.prune(tmp_path, durable=None)  # no Redis behind the run: every step durable
     assert list(checkpoint.saved_steps(tmp_path)) == [250, 300]
 
 
@@ -61,14 +61,14 @@ def test_discard_after_drops_what_a_resumed_attempt_retrains(tmp_path: Path) -> 
     assert checkpoint.saved_steps(tmp_path) == {}
 
 
-def test_the_writer_prunes_by_what_is_acknowledged_when_it_writes(tmp_path: Path) -> None:
-    acknowledged = [0]
-    writer = checkpoint.CheckpointWriter(tmp_path, lambda: acknowledged[0])
+def test_the_writer_prunes_by_what_is_durable_when_it_writes(tmp_path: Path) -> None:
+    durable = [0]
+    writer = checkpoint.CheckpointWriter(tmp_path, lambda: durable[0])
     for step in (10, 20, 30, 40):
         writer.submit(ckpt(step))
         writer.wait()
-    assert list(checkpoint.saved_steps(tmp_path)) == [10, 20, 30, 40], "nothing acknowledged: all kept"
-    acknowledged[0] = 35
+    assert list(checkpoint.saved_steps(tmp_path)) == [10, 20, 30, 40], "nothing durable: all kept"
+    durable[0] = 35
     writer.submit(ckpt(50))
     writer.close()
     assert list(checkpoint.saved_steps(tmp_path)) == [20, 30, 40, 50]

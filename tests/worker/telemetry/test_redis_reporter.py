@@ -8,6 +8,7 @@ from app.store import JobStore
 from scripts.stack import RedisServer
 from tests.app.store.test_layer_checks import check
 from tests.app.store.test_missing_steps import job_with_steps, record
+from worker.telemetry import redis_reporter
 from worker.telemetry.redis_reporter import RedisReporter
 
 
@@ -61,3 +62,20 @@ def test_drain_writes_the_checks_of_a_job_that_ended_during_an_outage(server: Re
         server.start()
     reporter.drain()  # the job's last steps: no batch follows to carry them
     assert stored(store, job_id) == ([1], [1])
+
+
+def test_a_step_is_durable_once_redis_acknowledged_it_long_enough_ago(
+        store: JobStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints past `durable()` are kept: a crash of Redis (AOF `everysec`) may still lose those steps."""
+    now = [100.0]
+    monkeypatch.setattr(redis_reporter.time, "monotonic", lambda: now[0])
+    job_id = job_with_steps(store, [])
+    reporter = RedisReporter(store, job_id, durable=10)
+    reporter.steps([record(11), record(12)])
+    now[0] += 1.0
+    reporter.steps([record(13)])
+    assert reporter.durable() == 10, "the step it resumed from, until the first batch is old enough"
+    now[0] += redis_reporter.DURABLE_AFTER_S - 1.0
+    assert reporter.durable() == 12
+    now[0] += 1.0
+    assert reporter.durable() == 13 and reporter.durable() == 13

@@ -69,6 +69,8 @@ class Soak:
     """Succeeded jobs whose stored steps are not 1..N each once: why."""
     unmeasured: list[str] = field(default_factory=list)
     """Comparisons whose runs all succeeded with a variant left without its speed."""
+    lost: list[str] = field(default_factory=list)
+    """Jobs created (201) that Redis no longer has: only a SIGKILL of Redis may lose one (its last second)."""
     seconds: float = 0.0
 
     def server_errors(self) -> dict[str, int]:
@@ -218,7 +220,11 @@ def read_along(user: User, job_ids: list[str], comparison_ids: list[str], stop: 
 def check(user: User, soak: Soak, job_ids: list[str], comparison_ids: list[str], deadline: float) -> None:
     """Each job's last record, its steps (each once, none missing) and each comparison's speeds."""
     for job_id in job_ids:
-        soak.jobs[job_id] = job = user.until_answered("GET", f"/jobs/{job_id}", deadline).json()
+        answer = user.until_answered("GET", f"/jobs/{job_id}", deadline)
+        if answer.status_code == 404:
+            soak.lost.append(job_id)
+            continue
+        soak.jobs[job_id] = job = answer.json()
         if job["state"] != "succeeded":
             continue
         steps = job["spec"]["training"]["steps"]
@@ -264,7 +270,7 @@ def run(directory: Path, *, jobs: int, comparisons: int, duration_s: float, faul
                 return False
             states.clear()
             states.update(job.state.value if job else "missing" for job in jobs)
-            return not submitter.is_alive() and all(job is not None and job.state.terminal for job in jobs)
+            return not submitter.is_alive() and all(job is None or job.state.terminal for job in jobs)
 
         while not all_ended():
             assert time.monotonic() < deadline, f"jobs not ended after {timeout_s:.0f} s: {dict(states)}, {soak}"
@@ -286,7 +292,8 @@ def summary(soak: Soak) -> dict[str, Any]:
                            "worker_kills": len(soak.kills), "kills_of_a_running_job": len(attributed),
                            "redis_restarts": dict(soak.redis_restarts), "api_kills": soak.api_kills,
                            "statuses": dict(soak.statuses), "server_errors_not_503": soak.server_errors(),
-                           "incomplete_succeeded_jobs": soak.incomplete, "comparisons_without_speed": soak.unmeasured}
+                           "incomplete_succeeded_jobs": soak.incomplete, "comparisons_without_speed": soak.unmeasured,
+                           "lost_jobs": soak.lost}
     for state in ("queued", "running"):
         delays = soak.delays(state)
         out[f"kill_to_{state}_s"] = ({"n": len(delays), "median": round(median(delays), 2),

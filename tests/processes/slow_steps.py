@@ -19,7 +19,6 @@ def slow_step(self: StepRecorder, batch: int, logs: dict[str, Any] | None = None
     recorded(self, batch, logs)
 
 
-StepRecorder.on_train_batch_end = slow_step  # type: ignore[method-assign]
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # only when run: pytest imports this module too (its doctests), and must not slow down
+    StepRecorder.on_train_batch_end = slow_step  # type: ignore[method-assign]
     sys.exit(main())

@@ -29,14 +29,15 @@ chromium:
 	@(command -v chromium >/dev/null && command -v chromedriver >/dev/null) || \
 		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
 
-# Two test processes, a file each at a time (module fixtures stay whole): the service tests spend much of
+# Two test processes, a file each at a time (module fixtures stay whole), in the order tests/conftest.py sets
+# (the minute-long files first; xdist would reorder by test count): the service tests spend much of
 # their time waiting on workers in other processes, so the suite takes about 11 minutes here, not 18.
 test: install redis-server chromium bench-tools lint
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # The fast loop: what needs no process but a redis-server, and trains for seconds at most (under two minutes here).
 test-fast: install redis-server
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not processes"
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not processes"
 
 # The module tree in docs/architecture.md, from each module's first docstring line (tests/test_docs.py checks it).
 docs: install

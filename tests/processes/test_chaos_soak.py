@@ -8,7 +8,7 @@ import pytest
 
 from bench.chaos import Faults, run, summary
 
-JOBS, COMPARISONS = 20, 3
+JOBS, COMPARISONS = 18, 3
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -15,10 +16,22 @@ TINY = {"model": {"name": "mlp", "hidden_units": 8}, "training": {"steps": 1, "b
         "dataset": {"samples": 16}}
 
 
+@pytest.fixture
+def two_workers(stack: Stack) -> Iterator[Stack]:
+    """The shared stack with a second worker, stopped after: the tests after this one in its process count on one."""
+    added = []
+    while len([w for w in stack.workers if w.poll() is None]) < 2:
+        added.append(stack.start_worker())
+    yield stack
+    for worker in added:
+        worker.terminate()  # RQ's warm shutdown: an idle worker exits at once
+        worker.wait(30)
+        stack.workers.remove(worker)
+
+
 @pytest.mark.slow
-def test_two_dozen_concurrent_jobs_all_succeed_once(stack: Stack, client: httpx.Client) -> None:
-    while len(stack.workers) < 2:
-        stack.start_worker()
+def test_two_dozen_concurrent_jobs_all_succeed_once(two_workers: Stack, client: httpx.Client) -> None:
+    stack = two_workers
 
     def post(i: int) -> str:
         response = httpx.post(f"{stack.base_url}/jobs", json={**TINY, "name": f"load-{i}"}, timeout=60)

@@ -149,7 +149,8 @@ def test_the_same_comparison_gives_the_same_advice_while_the_machine_is_busy(
     calls = [{v["label"]: v["speed"]["difference"] for v in r["variants"] if not v["baseline"]} for r in reports]
     verdicts = [r["verdict"] for r in reports]
     assert all(v["state"] == "succeeded" for r in reports for v in r["variants"]), verdicts
-    assert len({advice(v) for v in verdicts}) == 1, "\n".join(f"{c}\n  {v}" for c, v in zip(calls, verdicts, strict=True))
+    runs = "\n".join(f"{c}\n  {v}" for c, v in zip(calls, verdicts, strict=True))
+    assert len({advice(v) for v in verdicts}) == 1, runs
 
 
 def test_zero_gradient_model_without_scaling_carries_gradient_underflow(stack: Stack, client: httpx.Client) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from bench.chaos import Faults, run, summary
 
-JOBS, COMPARISONS = 18, 3
+JOBS, COMPARISONS = 14, 3
 
 
 @pytest.mark.slow

@@ -108,10 +108,10 @@ def saved_step(directory: Path, at_most: int | None = None) -> int:
 
 def load(directory: Path, at_most: int | None = None) -> Checkpoint | None:
     """The newest checkpoint in `directory`, or the newest at or below step `at_most`; None if there is none."""
-    step = saved_step(directory, at_most)
-    if not step:
+    found = [(step, path) for step, path in saved_steps(directory).items() if at_most is None or step <= at_most]
+    if not found:
         return None
-    with np.load(saved_steps(directory)[step], allow_pickle=False) as archive:
+    with np.load(found[-1][1], allow_pickle=False) as archive:
         meta = json.loads(str(archive["meta"]))
         model = [archive[f"model_{i}"] for i in range(_count(archive.files, "model_"))]
         opt = [archive[f"optimizer_{i}"] for i in range(_count(archive.files, "optimizer_"))]

@@ -72,12 +72,19 @@ class Reaper:
         return requeued
 
     def _requeue(self, job_id: str) -> None:
-        job = self.store.jobs.get(job_id)
-        if job is None:
-            return
-        spec = job.spec
+        requeue(self.store, self.rq_redis, job_id)
 
-        def queue(rq_job_id: str, pipe: Pipeline) -> None:
-            enqueue(self.rq_redis, spec, job_id, pipe, rq_job_id=rq_job_id, at_front=True)
 
-        self.store.jobs.requeue(job_id, job.attempt + 1, queue, self.rq_redis.pipeline(transaction=True))
+def requeue(store: JobStore, rq_redis: Redis, job_id: str) -> None:
+    """Enqueue the next attempt of `job_id` (now `queued`) at the front of its queue: it has trained part
+    of its run, and loses the least by going first. Also how a worker gives back an attempt whose steps
+    Redis lost (worker/service/tasks.py)."""
+    job = store.jobs.get(job_id)
+    if job is None:
+        return
+    spec = job.spec
+
+    def queue(rq_job_id: str, pipe: Pipeline) -> None:
+        enqueue(rq_redis, spec, job_id, pipe, rq_job_id=rq_job_id, at_front=True)
+
+    store.jobs.requeue(job_id, job.attempt + 1, queue, rq_redis.pipeline(transaction=True))

@@ -14,13 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from redis.client import Pipeline
-
 from app.core import clock
 from app.core.config import Settings, get_settings
 from app.core.errors import JobFailed, TimedOut
 from app.store import JobStore, connect
-from app.store.queue import enqueue
 from app.store.retention import archive_at_once
 from mpjobs.contract.jobs import FailureReason, JobState
 from mpjobs.contract.spec import JobSpec
@@ -36,6 +33,7 @@ from worker.engine.stopping import (
 )
 from worker.engine.training import release_memory, run_job
 from worker.service.gpus import pinned_gpus
+from worker.service.reaper import requeue
 from worker.service.watcher import STUCK_S, AttemptWatcher
 from worker.telemetry.redis_reporter import RedisReporter
 from worker.telemetry.reporters import FanOut
@@ -178,16 +176,11 @@ def _give_back(store: JobStore, job_id: str, why: str, settings: Settings) -> st
     log.error("job %s: %s; requeued to recompute them", job_id, why)
     moved, _ = _through_outage(lambda: store.jobs.transition(
         job_id, JobState.QUEUED, [JobState.RUNNING], f"{why}; requeued to recompute them"))
-    job = store.jobs.get(job_id)
-    if not moved or job is None:
+    if not moved:
         return f"skipped: {why}"
     rq_redis = connect.client(settings.redis_url, decode_responses=False)
-
-    def queue(rq_job_id: str, pipe: Pipeline) -> None:
-        enqueue(rq_redis, job.spec, job_id, pipe, rq_job_id, at_front=True)
-
     try:
-        _through_outage(lambda: store.jobs.requeue(job_id, job.attempt + 1, queue, rq_redis.pipeline(transaction=True)))
+        _through_outage(lambda: requeue(store, rq_redis, job_id))
     finally:
         rq_redis.close()
     return f"requeued: {why}"

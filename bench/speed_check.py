@@ -9,7 +9,7 @@ after training: fresh copies, the job's first batches from `worker.engine.data.l
 
 The repeats run first on a quiet machine, then beside a CPU hog (a busy loop in a
 subprocess, one core's worth, killed afterwards). Per variant: its median slowdown (the
-range across repeats), its quartile interval in each repeat, the calls (slower, faster,
+range across repeats), its 95% interval in each repeat, the calls (slower, faster,
 none) and whether every repeat made the same one. Per model and load: the A/A noise band
 (the second float32 copy against the reference) of each repeat. There is no separate
 baseline run: every figure is against the float32 reference trained beside it in the same
@@ -178,8 +178,8 @@ def rows(series: Sequence[Series]) -> list[Row]:
         where = f"{s.model}, {s.load}, {len(s.repeats)} repeats of {s.rounds} rounds x {s.steps} steps"
         highs = [r.noise_high for r in s.repeats]
         out.append(Row("speed check", f"{where}: A/A noise band, second float32 copy against the reference "
-                       f"(lower quartiles {_span([r.noise_low for r in s.repeats])}, upper {_span(highs)})",
-                       "no difference", 1.0, statistics.median(highs), "x float32 (upper quartile)",
+                       f"(95% interval lows {_span([r.noise_low for r in s.repeats])}, highs {_span(highs)})",
+                       "no difference", 1.0, statistics.median(highs), "x float32 (interval high)",
                        statistics.median(highs)))
         for v in VARIANTS:
             timings, errors = _timings(s, v.label)
@@ -193,7 +193,7 @@ def rows(series: Sequence[Series]) -> list[Row]:
             untimed = f", {len(errors)} not timed" if errors else ""
             out.append(Row(
                 "speed check", f"{where}: {v.label}{' (A/A)' if v is AA else ''}, calls {_calls(timings)}{untimed}; "
-                f"median slowdown {_span([t.slowdown for t in timings])}, quartiles per repeat {intervals}",
+                f"median slowdown {_span([t.slowdown for t in timings])}, 95% intervals per repeat {intervals}",
                 "float32, the same measurement's reference",
                 statistics.median(t.float32_ms for t in timings), statistics.median(t.policy_ms for t in timings),
                 "ms/step", statistics.median(t.slowdown for t in timings),
@@ -203,13 +203,14 @@ def rows(series: Sequence[Series]) -> list[Row]:
 
 def details(series: Sequence[Series]) -> str:
     """Two Markdown tables: the A/A noise per model and load, then each variant's calls across repeats."""
-    lines = ["| model | load | repeats | rounds x steps | A/A noise band per repeat (quartiles) | s per measurement |",
+    lines = ["| model | load | repeats | rounds x steps | A/A noise band per repeat (95% interval) "
+             "| s per measurement |",
              "|---|---|---:|---|---|---|"]
     for s in series:
         bands = "; ".join(f"{r.noise_low:.2f}–{r.noise_high:.2f}" for r in s.repeats)
         lines.append(f"| {s.model} | {s.load} | {len(s.repeats)} | {s.rounds} x {s.steps} | {bands} "
                      f"| {_span([r.seconds for r in s.repeats])} |")
-    lines += ["", "| model | load | variant | median slowdown | interval per repeat (quartiles) | calls "
+    lines += ["", "| model | load | variant | median slowdown | interval per repeat (95%) | calls "
               "| same every repeat |", "|---|---|---|---:|---|---|---|"]
     for s in series:
         for v in VARIANTS:

@@ -287,7 +287,7 @@ def verdict(results: list[VariantResult], base_job: JobRecord, tolerance: float,
     text += _closing([(r, outcome(r, tolerance)) for r in others], tolerance, base.device or "this device")
     if base_job.summary and base_job.summary.variant_speeds:
         text += (" Speeds: step time against float32's, every variant timed in turns in one process after the "
-                 "float32 run; intervals are the quartiles of the per-round ratios.")
+                 "float32 run; intervals hold the median per-round ratio with 95% confidence.")
     if not any(r.held_out is not None or r.held_out_error for r in others):
         text += f" {TRAINING_LOSS_ONLY}"
     return text

@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     """A job that succeeds then times its policy (on a CPU, when float16/bfloat16) or its comparison's
     variants against float32, this many steps per side and round, in turns (worker/numerics/speed.py). 0: off."""
     speed_check_rounds: int = Field(9, ge=MIN_SPEED_ROUNDS)
-    """Rounds of that speed check: the quartiles of its per-round ratios are the interval shown."""
+    """Rounds of that speed check: the 95% interval of its median per-round ratio is the interval shown."""
     speed_check_max_seconds: float = Field(60.0, gt=0)
     """Past this, a speed check trains one step per side and round, and ends after the round that
     crosses it (never before MIN_SPEED_ROUNDS rounds): a slow policy cannot hold a job for minutes."""

@@ -28,7 +28,7 @@ def loss_scale_words(scale: dict[str, Any] | None) -> str:
 
 
 def _interval(ps: dict[str, Any]) -> tuple[float, float]:
-    """A PrecisionSpeed's quartiles; a record from before they existed has only its median."""
+    """A PrecisionSpeed's 95% interval; a record from before they existed has only its median."""
     return (ps["slowdown"] if ps.get("low") is None else ps["low"],
             ps["slowdown"] if ps.get("high") is None else ps["high"])
 
@@ -36,7 +36,7 @@ def _interval(ps: dict[str, Any]) -> tuple[float, float]:
 def precision_speed_words(ps: dict[str, Any]) -> str:
     """A speed check (summary.precision_speed, or a comparison variant's speed) against float32, in words."""
     low, high = _interval(ps)
-    rounds = f", quartiles of {ps['rounds']} rounds" if ps.get("rounds") else ""
+    rounds = f", 95% interval of {ps['rounds']} rounds" if ps.get("rounds") else ""
     noise = (f"; float32 against itself {ratio_range(ps['noise_low'], ps['noise_high'])}"
              if ps.get("noise_low") is not None and ps.get("noise_high") is not None else "")
     return (f"{speed_words(ps['slowdown'], low, high, ps.get('difference', 'none'))} "
@@ -121,7 +121,7 @@ def _or_dash(value: Any, show: Callable[[float], str], dash: str = "-") -> str:
 
 
 def speed_cell(v: dict[str, Any], dash: str = "-") -> str:
-    """A variant's measured step time against float32's: median (quartiles), or why there is none."""
+    """A variant's measured step time against float32's: median (95% interval), or why there is none."""
     if v.get("baseline"):
         return "1 (baseline)"
     ps = v.get("speed")

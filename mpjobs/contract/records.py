@@ -161,7 +161,7 @@ class PrecisionSpeed(Strict):
     order: the policy, float32, and a second float32 copy (the A/A pair that shows
     how much two identical sides differ on this machine now). Each round gives one
     ratio per side, its step time over float32's in that round; the figures are the
-    median and quartiles of those ratios, so drift that hits all sides alike cancels.
+    median of those ratios and its 95% interval, so drift that hits all sides alike cancels.
     """
 
     policy_ms: float
@@ -172,11 +172,12 @@ class PrecisionSpeed(Strict):
     steps: int
     """Timed steps on each side."""
     low: float | None = None
-    """First quartile of the per-round ratios (None on a record from before the interval existed)."""
+    """Lower end of the median ratio's 95% interval (worker/numerics/speed.py `median_interval`; None on a
+    record from before the interval existed)."""
     high: float | None = None
-    """Third quartile of the per-round ratios."""
+    """Upper end of that interval."""
     noise_low: float | None = None
-    """First quartile of float32 against float32 (the A/A noise of this measurement)."""
+    """Lower end of the same interval for float32 against float32 (the A/A noise of this measurement)."""
     noise_high: float | None = None
     rounds: int = 0
     difference: SpeedDifference = "none"

@@ -640,7 +640,7 @@ def test_summary_lines_of_known_values() -> None:
         "  peak zero grads  0.053% of gradient elements exactly zero",
         "  vs float32       on 3 checked steps, at most 1.2% of values zero only here, gradient error 4.6e-4",
         "  throughput       14,922 examples/s",
-        "  precision speed  4.20× slower than float32 (3.90–4.50×) (8.4 ms against 2 ms per step, quartiles of 9 "
+        "  precision speed  4.20× slower than float32 (3.90–4.50×) (8.4 ms against 2 ms per step, 95% interval of 9 "
         "rounds; float32 against itself 0.95–1.06×)",
         "  diagnoses        overflow_skips",
         "    - 2 steps skipped. (overflow_skips, from step 3)",
@@ -658,7 +658,7 @@ def test_summary_lines_of_known_values() -> None:
         "  loss scale       min 16384, max 32768, final 32768",
         "  peak zero grads  99% of gradient elements exactly zero",
         "  throughput       42.5 examples/s",
-        "  precision speed  2.00× faster than float32 (1.60–2.50×) (1 ms against 2 ms per step, quartiles of 9 "
+        "  precision speed  2.00× faster than float32 (1.60–2.50×) (1 ms against 2 ms per step, 95% interval of 9 "
         "rounds; float32 against itself 0.95–1.06×)",
         "  diagnoses        none",
     ]

@@ -162,7 +162,7 @@ def slow_precision_message(
     return (
         f"On this CPU ({device.name}; {units}) a training step of this model took {speed.policy_ms:.3g} ms "
         f"under {policy} against {speed.float32_ms:.3g} ms in float32: "
-        f"{speed_words(speed.slowdown, low, high, speed.difference)}, the quartiles of {speed.rounds} rounds "
+        f"{speed_words(speed.slowdown, low, high, speed.difference)}, the 95% interval of {speed.rounds} rounds "
         f"timed in turns after the run on fresh copies of the model{noise}. "
         f"{device.backend} has no fast {compute_dtype} path on this CPU for some of the ops this model uses. "
         "It runs correctly: use it on CPU to check numerics, and train for speed in float32 here "

@@ -70,7 +70,7 @@ async def list_comparisons(
 @router.get("/{comparison_id}", response_model=ComparisonReport, responses=NOT_FOUND)
 async def get_comparison(comparison_id: ComparisonIdDep, store: StoreDep, tenant: TenantDep) -> ComparisonReport:
     """Per variant: final loss and its gap to float32, its run's throughput, its step time against
-    float32's (all variants timed in turns by the baseline job, with quartiles), skips, zero gradients,
+    float32's (all variants timed in turns by the baseline job, with 95% intervals), skips, zero gradients,
     diagnoses; then the verdict in words."""
     return await run_in_threadpool(services.get_comparison, store, comparison_id, tenant)
 

@@ -40,7 +40,7 @@ export function comparisonsView(root) {
   }, POLL_MS);
 }
 
-// Mirrors mpjobs/cli/words.py speed_cell: the baseline job's measurement, median (quartiles).
+// Mirrors mpjobs/cli/words.py speed_cell: the baseline job's measurement, median (95% interval).
 function speedCell(v) {
   if (v.baseline) return "1 (baseline)";
   const ps = v.speed;

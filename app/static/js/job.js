@@ -56,7 +56,7 @@ function evaluationRuns(evaluations) {
 export function precisionSpeedText(ps) {
   const low = ps.low ?? ps.slowdown;
   const high = ps.high ?? ps.slowdown;
-  const rounds = ps.rounds ? `, quartiles of ${ps.rounds} rounds` : "";
+  const rounds = ps.rounds ? `, 95% interval of ${ps.rounds} rounds` : "";
   const noise = ps.noise_low != null && ps.noise_high != null
     ? `; float32 against itself ${fmtRatioRange(ps.noise_low, ps.noise_high)}` : "";
   return `${fmtSpeed(ps.slowdown, low, high, ps.difference ?? "none")} ` +

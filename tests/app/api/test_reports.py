@@ -81,7 +81,7 @@ def test_gaps_measured_speeds_and_a_recommendation() -> None:
         "not zero in float32), and its loss ends +40% from float32's; "
         "mixed_bfloat16 matches float32 within 1.2%, 2.38× faster than float32 (2.27–2.50×). Use mixed_bfloat16. "
         "Speeds: step time against float32's, every variant timed in turns in one process after the float32 run; "
-        "intervals are the quartiles of the per-round ratios. " + reports.TRAINING_LOSS_ONLY)
+        "intervals hold the median per-round ratio with 95% confidence. " + reports.TRAINING_LOSS_ONLY)
 
 
 def test_variants_not_measurably_slower_than_the_fastest_tie_and_the_safest_wins() -> None:
@@ -126,7 +126,8 @@ def test_a_slower_variant_gets_its_figure_and_the_slow_precision_diagnosis() -> 
     slow = [d for d in by_label["mixed_float16 + dynamic"].diagnoses if d.code == "slow_precision_on_device"]
     assert [d.message for d in slow] == [message]
     assert not [d for d in by_label["mixed_bfloat16"].diagnoses if d.code == "slow_precision_on_device"]
-    assert result.verdict.endswith("intervals are the quartiles of the per-round ratios. " + reports.TRAINING_LOSS_ONLY)
+    assert result.verdict.endswith("intervals hold the median per-round ratio with 95% confidence. "
+                                   + reports.TRAINING_LOSS_ONLY)
     assert "keep float32 on this device" in result.verdict
 
 
@@ -181,15 +182,16 @@ def test_a_verdict_with_failed_variants_names_the_one_that_matched() -> None:
         "time 0.95–1.05× float32's). mixed_bfloat16 matched float32's loss within 2%; mixed_float16 + dynamic and "
         "mixed_float16 + none failed. mixed_bfloat16 is not measurably faster on cpu: keep float32 on this device, "
         "and compare again on one with float16/bfloat16 hardware. Speeds: step time against float32's, every variant "
-        "timed in turns in one process after the float32 run; intervals are the quartiles of the per-round ratios. "
+        "timed in turns in one process after the float32 run; intervals hold the median per-round ratio with 95% "
+        "confidence. "
         + reports.TRAINING_LOSS_ONLY)
     every = report([job(0, 1.0), *failed, job(3, None, state=JobState.FAILED, error=LOST)])
     assert every.verdict.endswith(" No variant finished: keep float32. " + reports.TRAINING_LOSS_ONLY)
 
 
 def test_the_speed_words_at_each_call_and_at_the_tie_boundary() -> None:
-    """Expected words written by hand: equal speed, faster, slower, not timed, not measured; a variant whose low
-    quartile equals the fastest's high quartile ties with it (the safest wins), a hair above does not."""
+    """Expected words written by hand: equal speed, faster, slower, not timed, not measured; a variant whose interval
+    starts where the fastest's ends ties with it (the safest wins), a hair above does not."""
     words = report([job(0, 1.0, speeds=timed(speed(1.0, 1.0, 1.0, "none"), speed(4.0, 3.2, 5.0, "slower"), None)),
                     job(1, 1.0), job(2, 1.0), job(3, 1.0)]).verdict
     assert words.startswith(

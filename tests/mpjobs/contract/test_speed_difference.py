@@ -11,7 +11,7 @@ import pytest
 from mpjobs.contract.records import speed_difference
 
 NOISE = (0.96, 1.04)
-"""A quiet machine's A/A quartiles: inside 1 on both sides, so the thresholds are the noise itself."""
+"""A quiet machine's A/A interval: inside 1 on both sides, so the thresholds are the noise itself."""
 
 
 @pytest.mark.parametrize(("low", "high", "noise", "call"), [
@@ -19,7 +19,7 @@ NOISE = (0.96, 1.04)
     (1.0, 1.0, NOISE, "none"),
     (0.98, 1.02, NOISE, "none"),
     (0.5, 1.5, NOISE, "none"),  # straddles 1: its median says nothing
-    # slower: the low quartile against max(1, noise_high)
+    # slower: the interval's low end against max(1, noise_high)
     (1.3, 1.5, NOISE, "slower"),
     (1.04, 1.2, NOISE, "none"),  # low exactly at noise_high: touching is not beyond
     (1.0401, 1.2, NOISE, "slower"),  # just past it
@@ -27,7 +27,7 @@ NOISE = (0.96, 1.04)
     (1.0, 1.2, (0.9, 0.99), "none"),  # noise below 1: the threshold is 1 itself, and 1 is not beyond it
     (1.0001, 1.2, (0.9, 0.99), "slower"),
     (1.6, 2.0, (0.5, 2.1), "none"),  # a noisy machine: well above 1, inside its noise
-    # faster: the high quartile against min(1, noise_low)
+    # faster: the interval's high end against min(1, noise_low)
     (0.45, 0.55, NOISE, "faster"),
     (0.8, 0.96, NOISE, "none"),  # high exactly at noise_low
     (0.8, 0.9599, NOISE, "faster"),

@@ -48,7 +48,7 @@ def slow_diagnosis(result: engine.RunResult) -> list[str]:
 
 
 def expected_difference(speed: PrecisionSpeed) -> str:
-    """The rule of docs/numerics.md, restated: beyond 1 and the A/A quartiles, or no measurable difference."""
+    """The rule of docs/numerics.md, restated: beyond 1 and the A/A interval, or no measurable difference."""
     assert speed.low is not None and speed.high is not None
     assert speed.noise_low is not None and speed.noise_high is not None
     if speed.low > max(1.0, speed.noise_high):
@@ -60,7 +60,7 @@ def expected_difference(speed: PrecisionSpeed) -> str:
 
 def two_decimals(value: float) -> str:
     """A ratio as the messages write it: the exact binary value to two decimals, ties away from zero;
-    under 0.1 (an A/A quartile on a very noisy machine), two significant digits instead."""
+    under 0.1 (an A/A interval end on a very noisy machine), two significant digits instead."""
     exact = Decimal(value)
     fixed = exact.quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
     if fixed >= Decimal("0.1"):
@@ -79,7 +79,7 @@ def expected_slow_message(device: DeviceInfo, compute_dtype: str, policy: str, s
     return (
         f"On this CPU ({device.name}; {units}) a training step of this model took {speed.policy_ms:.3g} ms "
         f"under {policy} against {speed.float32_ms:.3g} ms in float32: {two_decimals(speed.slowdown)}× slower than "
-        f"float32 ({two_decimals(speed.low)}–{two_decimals(speed.high)}×), the quartiles of {speed.rounds} rounds "
+        f"float32 ({two_decimals(speed.low)}–{two_decimals(speed.high)}×), the 95% interval of {speed.rounds} rounds "
         "timed in turns after the run on fresh copies of the model; float32 against itself: "
         f"{two_decimals(speed.noise_low)}–{two_decimals(speed.noise_high)}×. {device.backend} has no fast "
         f"{compute_dtype} path on this CPU for some of the ops this model uses. It runs correctly: use it on CPU "
@@ -316,7 +316,7 @@ def test_the_slow_precision_message_gives_the_measured_figures() -> None:
     speed = timed(92.1, 16.2, 5.1, 6.3, "slower")  # 92.1 / 16.2 = 5.685...
     assert slow_precision_message(CPU, "float16", "mixed_float16", speed) == (
         "On this CPU (Test CPU; it has avx512_bf16) a training step of this model took 92.1 ms under mixed_float16 "
-        "against 16.2 ms in float32: 5.69× slower than float32 (5.10–6.30×), the quartiles of 9 rounds timed in "
+        "against 16.2 ms in float32: 5.69× slower than float32 (5.10–6.30×), the 95% interval of 9 rounds timed in "
         "turns after the run on fresh copies of the model; float32 against itself: 0.97–1.04×. tensorflow has no "
         "fast float16 path on this CPU for some of the ops this model uses. It runs correctly: use it on CPU to "
         "check numerics, and train for speed in float32 here or in mixed precision on a GPU."
@@ -327,7 +327,7 @@ def test_the_slow_precision_message_gives_the_measured_figures() -> None:
     assert (slow_precision_message(bare, "bfloat16", "mixed_bfloat16", at_the_threshold) or "").startswith(
         "On this CPU (Old CPU; it has none of avx512_fp16, amx_fp16, avx512_bf16, amx_bf16) a training step of this "
         "model took 1.23e+03 ms under mixed_bfloat16 against 617 ms in float32: 2.00× slower than float32 "
-        "(1.50–2.13×), the quartiles of 9 rounds")
+        "(1.50–2.13×), the 95% interval of 9 rounds")
     # Only a whole interval beyond the threshold earns it: a median above 1.5 is not enough.
     straddles = timed(16.2 * 1.6, 16.2, 1.3, 1.9, "slower")
     assert slow_precision_message(CPU, "float16", "mixed_float16", straddles) is None
@@ -348,7 +348,7 @@ def test_a_gpu_is_judged_by_its_compute_capability() -> None:
 
 
 @pytest.mark.parametrize(("low", "high", "call", "words"), [
-    (5.1, 6.3, "slower", "5.69× slower than float32 (5.10–6.30×) (92.1 ms against 16.2 ms per step, quartiles of 9 "
+    (5.1, 6.3, "slower", "5.69× slower than float32 (5.10–6.30×) (92.1 ms against 16.2 ms per step, 95% interval of 9 "
                          "rounds; float32 against itself 0.97–1.04×)"),
     (0.9, 1.06, "none", "no measurable speed difference from float32 (step time 0.90–1.06× float32's)"),
     (0.45, 0.55, "faster", "2.00× faster than float32 (1.82–2.22×)"),

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 GradientFn = Callable[..., tuple[list[Any], Any, list[Any]]]
 """(trainable, non_trainable, x, y, scale) -> (the unscaled float32 gradient, one array per weight;
 the probe's activation statistics, or an empty tuple without a probe; the gradient reaching each probed
-layer's output, scaled, in its dtype: empty without a probe, and under JAX)."""
+layer's output, scaled, in its dtype: empty without a probe, and under JAX; an empty array for an output the
+loss does not depend on)."""
 NO_STATISTICS: Any = ()
 
 
@@ -58,8 +59,9 @@ def gradient_fn(model: keras.Model, loss: keras.losses.Loss, probe: LayerProbe |
                 tape.watch(trainable)
                 value, stats, layer_outputs = scaled_loss(trainable, non_trainable, x, y, scale)
             grads, signals = tape.gradient(value, [trainable, layer_outputs])
-            # The gradient reaching each layer's output, in its dtype, as backpropagation had it (scaled).
-            signals = [tf.zeros_like(o) if g is None else g for g, o in zip(signals, layer_outputs, strict=True)]
+            # The gradient reaching each layer's output, in its dtype, as backpropagation had it (scaled). None:
+            # the output is not on the loss's path, so nothing was measured there (empty, never zeros read as lost).
+            signals = [tf.zeros((0,), o.dtype) if g is None else g for g, o in zip(signals, layer_outputs, strict=True)]
             return [tf.zeros(t.shape, "float32") if g is None else tf.cast(dense(g), "float32") / scale
                     for g, t in zip(grads, trainable, strict=True)], stats, signals
 

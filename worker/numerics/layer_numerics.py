@@ -100,12 +100,13 @@ class LayerProbe:
         owned: set[int] = set()
         groups: list[LayerGroup] = []
         outputs: list[Any] = []
+        in_graph = _graph_nodes(model)
         for layer in model.layers:
             if isinstance(layer, keras.layers.InputLayer):
                 continue
             mine = tuple(index[id(v)] for v in layer.trainable_variables if id(v) in index and id(v) not in owned)
             owned.update(id(v) for v in layer.trainable_variables)
-            output = _single_output(layer)
+            output = _single_output(layer, in_graph)
             probed = None if output is None else len(outputs)
             if output is not None:
                 outputs.append(output)
@@ -148,12 +149,21 @@ class LayerProbe:
         return ops.stack(peaks), ops.stack(finite), ops.stack(subnormal), ops.stack(zeros), ops.stack(sizes)
 
 
-def _single_output(layer: keras.layers.Layer) -> Any:
-    """The layer's one output tensor, or None (a layer called more than once, or with several outputs)."""
-    try:
-        output = layer.output
-    except (AttributeError, ValueError):
+def _graph_nodes(model: keras.Model) -> set[int] | None:
+    """The ids of the nodes of the graph the model runs (a Sequential's inner Functional), or None (subclassed)."""
+    graph = getattr(model, "_functional", None) or model
+    by_depth = getattr(graph, "_nodes_by_depth", None)
+    return None if by_depth is None else {id(node) for nodes in by_depth.values() for node in nodes}
+
+
+def _single_output(layer: keras.layers.Layer, in_graph: set[int] | None) -> Any:
+    """The layer's one output tensor in the model's graph, or None (called more than once there, or with several
+    outputs). A layer keeps a node per call: a Sequential rebuilt from JSON has one per build, and only the last
+    is in the graph it runs. An output from another node is not on the loss's path: its gradient would be none."""
+    nodes = [n for n in layer._inbound_nodes if in_graph is None or id(n) in in_graph]
+    if len(nodes) != 1 or len(nodes[0].output_tensors) != 1:
         return None
+    output = nodes[0].output_tensors[0]
     return output if isinstance(output, keras.KerasTensor) else None
 
 
@@ -202,6 +212,7 @@ def _activation_fields(dtype: str, peak: float, finite: bool, subnormal: int, ze
 
 
 def _signal_fields(policy: np.ndarray, reference: np.ndarray | None) -> dict[str, Any]:
+    """The signal's zeros; nothing (null fractions) where no gradient reached the output (an empty array)."""
     fields: dict[str, Any] = {"signal_values": int(policy.size)}
     if policy.size:
         zero = policy == 0

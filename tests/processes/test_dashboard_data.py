@@ -22,6 +22,7 @@ from tests.processes.test_dashboard import (
     TINY_UNET,
     attr,
     by_testid,
+    layer_checks,
     open_dashboard,
     page_errors,
     screenshot,
@@ -159,20 +160,44 @@ def test_the_comparison_page_fits_1400px_and_every_loss_curve_shows(
     gap = json.loads(attr(browser, "chart-comparison-loss-gap", "data-styles") or "[]")
     assert [s["label"] for s in gap] == [v["label"] for v in variants]
 
-    # The held-out column: each variant job's final evaluation (the report carries no held_out here).
+    # The held-out column: each variant job's final evaluation (the report carries no held_out here), or "–" for
+    # a job that ended without one. A succeeded job of a spec with validation always has one.
     cells = browser.find_elements(By.CSS_SELECTOR, '[data-testid="variant-row"] [data-testid="held-out"]')
-    for cell, variant in zip(cells, variants, strict=True):
-        validation = api.get(f"/jobs/{variant['job_id']}").json()["summary"]["validation"]
+    jobs = [api.get(f"/jobs/{variant['job_id']}").json() for variant in variants]
+    ended = {v["label"]: (job["state"], job["error"], (job["summary"] or {}).get("validation"))
+             for v, job in zip(variants, jobs, strict=True)}
+    for cell, variant, job in zip(cells, variants, jobs, strict=True):
+        validation = (job["summary"] or {}).get("validation")
+        assert job["state"] != "succeeded" or validation, ended
         if variant.get("held_out"):
-            assert cell.get_attribute("data-source") == "report"
+            assert cell.get_attribute("data-source") == "report", ended
             assert cell.text.startswith(variant["held_out"]["metric"])
-        else:
-            assert cell.get_attribute("data-source") == "job"
+        elif validation:
+            assert cell.get_attribute("data-source") == "job", ended
             expected = [f"loss {number(validation['loss'])}",
                         *(f"{name} {number(value)}" for name, value in validation["metrics"].items())]
             assert cell.text == ", ".join(expected)
+        else:
+            assert (cell.get_attribute("data-source"), cell.text) == ("none", "–"), ended
+    baseline = next(job for v, job in zip(variants, jobs, strict=True) if v["baseline"])
+    assert baseline["state"] == "succeeded", ended  # float32's cell always shows the "job" branch
     screenshot(browser, "dashboard-comparison-1400.png")
     open_dashboard(browser, keyed_stack, f"#/jobs/{variants[1]['job_id']}")
     wait_for(browser, lambda d: text_of(d, "synthetic-repeat"), 10, "the job page")
     screenshot(browser, "dashboard-job-1400.png")
+
+    # Issue 32, item 7: each variant's Layers panel cites its own dtype's smallest subnormal, and prints no "null".
+    smallest, seen = {"float16": "2^-24", "bfloat16": "2^-133"}, set()
+    for variant, job in zip(variants, jobs, strict=True):
+        checks = layer_checks(api, variant["job_id"])
+        if not checks or job["state"] != "succeeded":
+            continue
+        dtype = checks[-1]["compute_dtype"]
+        seen.add(dtype)
+        open_dashboard(browser, keyed_stack, f"#/jobs/{variant['job_id']}")
+        caption = wait_for(browser, lambda d: attr(d, "layers-panel", "data-job-state") == "succeeded"
+                           and text_of(d, "layers-caption"), 20, f"{variant['label']}'s Layers panel")
+        assert f"{dtype}'s smallest subnormal is {smallest[dtype]}" in caption, caption
+        assert "null" not in by_testid(browser, "layers-panel").text.split(), variant["label"]
+    assert "float16" in seen and ("bfloat16" in seen or ended["mixed_bfloat16"][0] != "succeeded"), ended
     assert page_errors(browser) == []

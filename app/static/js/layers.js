@@ -82,6 +82,13 @@ function recoveryText(checks) {
   return `${at} stayed lost up to ${scale}, the largest scale at which they fit ${c.compute_dtype}.`;
 }
 
+// Each compute dtype's smallest positive value (a subnormal), as worker/numerics/layer_numerics.py has it.
+const SMALLEST = { float16: -24, bfloat16: -133, float32: -149 };
+
+export function smallestText(dtype) {
+  return dtype in SMALLEST ? `${dtype}'s smallest subnormal is 2^${SMALLEST[dtype]}` : `computed in ${dtype}`;
+}
+
 export class LayersPanel {
   // `target`: a layer to scroll to once drawn, "" for the panel itself (#/jobs/<id>/layers/<layer>).
   constructor(jobId, target) {
@@ -207,16 +214,18 @@ export class LayersPanel {
     const kinds = new Map(checks.flatMap((c) => c.layers.map((l) => [l.name, l.kind])));
     const recovery = recoveryText(checks);
     const focused = this.body.contains(document.activeElement) ? document.activeElement.dataset.layer : undefined;
-    this.body.replaceChildren(
+    // replaceChildren, unlike h(), writes a null child as the text "null": drop the absent ones.
+    this.body.replaceChildren(...[
       h("p", { class: "muted" }, `${checks.length} checks, steps ${checks[0].step}–${latest.step}`,
         shown < checks.length ? ` (${shown} evenly spaced shown)` : "", `. ${METRICS[this.metric].about}`),
       heatmap(checks, this.metric, kinds),
       heatLegend(this.metric),
       recovery ? h("p", { "data-testid": "layers-recovery" }, recovery) : null,
       h("h3", {}, `Latest check: step ${latest.step}`),
-      h("p", { class: "meta" }, `Computed in ${latest.compute_dtype}, loss scale ${fmtNumber(latest.loss_scale)}; `
-        + "magnitudes as powers of two (float16's smallest subnormal is 2^-24)."),
-      this.table(latest));
+      h("p", { class: "meta", "data-testid": "layers-caption" },
+        `Computed in ${latest.compute_dtype}, loss scale ${fmtNumber(latest.loss_scale)}; magnitudes as powers of `
+        + `two (${smallestText(latest.compute_dtype)}).`),
+      this.table(latest)].filter((child) => child !== null));
     this.rows.get(focused)?.focus({ preventScroll: true }); // a live redraw keeps the row a link led to
     this.applyTarget();
   }

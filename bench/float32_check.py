@@ -29,7 +29,8 @@ import keras  # noqa: E402
 
 from bench.engine_overhead import GOAL, PIECES, Engine, _per_step, _piece_ratios, take_turns  # noqa: E402
 from bench.report import Row, cli  # noqa: E402
-from mpjobs.contract.spec import UNDERFLOW_CHECK_EVERY, JobSpec
+from mpjobs.contract.spec import JobSpec
+from mpjobs.contract.training_spec import UNDERFLOW_CHECK_EVERY
 from worker.engine.data import SEGMENT_BYTES  # noqa: E402
 
 MODEL = {"name": "mlp"}

@@ -41,7 +41,7 @@ from bench.engine_overhead import GOAL, PIECES, _per_step, _piece_ratios  # noqa
 from bench.engine_overhead import Case as _Case  # noqa: E402
 from bench.peer_sides import ENGINE_SERIES, mlflow_run, sides, take_turns  # noqa: E402
 from bench.report import Row, cli  # noqa: E402
-from mpjobs.contract.spec import UNDERFLOW_CHECK_EVERY  # noqa: E402
+from mpjobs.contract.training_spec import UNDERFLOW_CHECK_EVERY  # noqa: E402
 from worker.engine.data import SEGMENT_BYTES  # noqa: E402
 
 BENCH = "peers"

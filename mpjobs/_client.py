@@ -78,7 +78,8 @@ class Client:
     def submit(self, spec: Any, *, policy: str | None = None, loss_scale: Any = None, steps: int | None = None,
                batch_size: int | None = None, learning_rate: float | None = None, loss: str | None = None,
                name: str | None = None, device: str | None = None, idempotency_key: str | None = None,
-               data: tuple[Any, Any] | None = None, validation: Any = None) -> Job:
+               data: tuple[Any, Any] | None = None, validation: Any = None,
+               layer_policies: dict[str, str] | None = None) -> Job:
         """Queue a job. `spec`: a JobSpec, a dict as `POST /jobs` takes it, or a keras.Model (sent as its
         `to_json()`, its loss from `model.loss` once compiled, else `loss=`). The keywords set those fields
         on top (`loss_scale`: "none", "fixed", "dynamic" or a dict). `data=(x, y)`: train on these arrays,
@@ -86,9 +87,12 @@ class Client:
         a share of the data (0.2: a split with seed 0), arrays `(x_val, y_val)` (uploaded as `data` is) or the
         spec's dict; a compiled Keras model's metrics among those it takes go to `validation.metrics`. Without
         `validation` a model's metrics are not sent (the spec has no place for them). A retry with the same
-        `idempotency_key` returns the first job. A spec the API refuses raises `InvalidSpec`, naming each field."""
+        `idempotency_key` returns the first job. `layer_policies`: layers, by name, that compute in another
+        policy ({"dense_1": "float32"}; docs/numerics.md, "Per-layer policies"). A spec the API refuses raises
+        `InvalidSpec`, naming each field."""
         body = job_spec(spec, policy=policy, loss_scale=loss_scale, steps=steps, batch_size=batch_size,
-                        learning_rate=learning_rate, loss=loss, name=name, device=device)
+                        learning_rate=learning_rate, loss=loss, name=name, device=device,
+                        layer_policies=layer_policies)
         self._set_data(body, data)
         self._set_validation(body, validation, spec)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}

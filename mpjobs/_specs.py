@@ -56,11 +56,14 @@ def as_dict(spec: Any) -> dict[str, Any]:
 
 def job_spec(spec: Any, *, policy: str | None = None, loss_scale: Any = None, steps: int | None = None,
              batch_size: int | None = None, learning_rate: float | None = None, loss: str | None = None,
-             name: str | None = None, device: str | None = None) -> dict[str, Any]:
+             name: str | None = None, device: str | None = None,
+             layer_policies: dict[str, str] | None = None) -> dict[str, Any]:
     """The body of `POST /jobs`: `spec` with each keyword given set on top. The server validates it.
 
     >>> job_spec({"model": {"name": "mlp"}}, policy="mixed_float16", loss_scale="dynamic", steps=50)
     {'model': {'name': 'mlp'}, 'precision_policy': 'mixed_float16', 'loss_scale': 'dynamic', 'training': {'steps': 50}}
+    >>> job_spec({"model": {"name": "mlp"}}, layer_policies={"dense_1": "float32"})["layer_policies"]
+    {'dense_1': 'float32'}
     """
     body = as_dict(spec)
     if loss is not None:
@@ -70,7 +73,8 @@ def job_spec(spec: Any, *, policy: str | None = None, loss_scale: Any = None, st
             body["model"] = {**(body.get("model") or {}), "loss": loss}
     if isinstance(loss_scale, BaseModel):
         loss_scale = loss_scale.model_dump(mode="json")
-    for key, value in (("precision_policy", policy), ("loss_scale", loss_scale), ("name", name), ("device", device)):
+    for key, value in (("precision_policy", policy), ("loss_scale", loss_scale), ("name", name), ("device", device),
+                       ("layer_policies", layer_policies)):
         if value is not None:
             body[key] = value
     training = {k: v for k, v in (("steps", steps), ("batch_size", batch_size), ("learning_rate", learning_rate))

@@ -19,7 +19,7 @@ from app.api.deps import TenantDep
 from app.api.services import MAX_PAGE
 from app.core.errors import ComparisonNotFound, JobNotFound
 from app.store.ids import is_record_id
-from mpjobs.contract.spec import MAX_STEPS
+from mpjobs.contract.training_spec import MAX_STEPS
 
 MAX_INT64 = 2**63 - 1
 """Redis's largest integer: the most a creation sequence (`cursor`) can reach, and the largest `limit`."""

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from mpjobs.contract.spec import MAX_DEVICES
+from mpjobs.contract.training_spec import MAX_DEVICES
 
 MIN_SPEED_ROUNDS = 5
 """Quartiles of fewer per-round ratios say little; even 5 once called an A/A pair different under load."""

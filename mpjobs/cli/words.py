@@ -44,9 +44,18 @@ def precision_speed_words(ps: dict[str, Any]) -> str:
 
 
 def spec_words(spec: dict[str, Any]) -> str:
+    """The spec in a line; layers in another policy follow the policy ("dense_1 in float32").
+
+    >>> spec_words({"model": {"name": "mlp"}, "precision_policy": "mixed_float16", "layer_policies": {"dense_1":
+    ...     "float32"}, "training": {"steps": 5, "batch_size": 8, "optimizer": "sgd", "learning_rate": 0.1},
+    ...     "device": "cpu", "loss_scale": {"mode": "none"}})
+    'mlp, mixed_float16 (dense_1 in float32) with no loss scaling, 5 steps of batch 8, sgd lr 0.1, device cpu'
+    """
     model = spec["model"].get("name", "keras_json model")
     t = spec["training"]
-    return (f"{model}, {spec['precision_policy']} with {loss_scale_words(spec.get('loss_scale'))}, "
+    pins = ", ".join(f"{name} in {policy}" for name, policy in (spec.get("layer_policies") or {}).items())
+    policy = f"{spec['precision_policy']} ({pins})" if pins else spec["precision_policy"]
+    return (f"{model}, {policy} with {loss_scale_words(spec.get('loss_scale'))}, "
             f"{t['steps']} steps of batch {t['batch_size']}, {t['optimizer']} lr {t['learning_rate']:g}, "
             f"device {spec['device']}")
 

@@ -17,8 +17,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from mpjobs.contract.data_specs import NpzDataset, UploadedDataset
-from mpjobs.contract.model_specs import ModelSpec, model_tag
+from mpjobs.contract.layer_names import layer_names, unknown_layers_message
+from mpjobs.contract.model_specs import MAX_KERAS_LAYERS, ModelSpec, model_tag
 from mpjobs.contract.strict import Integer, Number, Strict, Text
+from mpjobs.contract.training_spec import TrainingSpec
 
 
 class PrecisionPolicy(StrEnum):
@@ -69,43 +71,6 @@ LossScale = Annotated[
 # --- training, data, spec ---------------------------------------------------
 
 
-MAX_STEPS = 10_000_000
-"""The most steps a job trains: step numbers (a metrics page's `after`, Last-Event-ID) go up to it."""
-UNDERFLOW_CHECK_EVERY = 100
-"""The float32 check's default interval: two extra gradient computations per 100 steps."""
-MAX_DEVICES = 16
-"""The most devices one job may train on: the most GPUs one host holds (worker/engine/devices.py)."""
-
-
-class TrainingSpec(Strict):
-    steps: Integer = Field(200, ge=1, le=MAX_STEPS)
-    batch_size: Integer = Field(32, ge=1, le=65_536)
-    optimizer: Literal["adam", "adamw", "sgd", "rmsprop"] = "adam"
-    learning_rate: Number = Field(0.001, gt=0.0, le=10.0)
-    seed: Integer = Field(0, ge=0, le=2**31 - 1)
-    checkpoint_every: Integer = Field(50, ge=1, le=MAX_STEPS)
-    max_seconds: Integer | None = Field(None, ge=1, le=30 * 24 * 3600)
-    """Fail with reason `timeout` once an attempt has trained this long. None: no limit."""
-    underflow_check_every: Integer = Field(UNDERFLOW_CHECK_EVERY, ge=0, le=10_000_000)
-    """Under a float16/bfloat16 compute policy, compare the step's gradient with float32's at
-    step 1 and every multiple of this step (worker/numerics/float32_check.py). 0 turns the check off."""
-    layer_check_every: Integer | None = Field(None, ge=0, le=10_000_000)
-    """Record every layer's gradient and activation numerics (GET /jobs/{id}/layers) at step 1 and
-    every multiple of this step. None: on the float32 check's steps (`underflow_check_every`) under a
-    float16/bfloat16 compute policy, and never under float32. 0 turns the layer checks off, at no cost."""
-    devices: Integer = Field(1, ge=1, le=MAX_DEVICES)
-    """Train on this many devices of one worker with `tf.distribute.MirroredStrategy`, each replica
-    taking `batch_size / devices` rows of every step. Queued only to workers with that many devices."""
-
-    @model_validator(mode="after")
-    def _batch_splits_evenly(self) -> TrainingSpec:
-        if self.batch_size % self.devices:
-            raise ValueError(f"Expected training.batch_size to be a multiple of training.devices, so each "
-                             f"replica gets the same rows. Received: batch_size={self.batch_size}, "
-                             f"devices={self.devices}")
-        return self
-
-
 class SyntheticDataset(Strict):
     """Inputs drawn from N(0, 1); labels from a fixed random teacher network."""
 
@@ -151,6 +116,8 @@ class Variant(Strict):
     precision_policy: PrecisionPolicy
     loss_scale: LossScale | None = None
     """None means the default for the policy, as in a job spec."""
+    layer_policies: dict[Annotated[Text, Field(min_length=1, max_length=200)], PrecisionPolicy] | None = None
+    """Per-layer policies for this variant, as `JobSpec.layer_policies`. None: the spec's (float32: none)."""
 
     @field_validator("loss_scale", mode="before")
     @classmethod
@@ -161,17 +128,20 @@ class Variant(Strict):
         """With the policy's default loss scaling filled in, as the job will run."""
         probe = JobSpec.model_validate({"model": {"name": "mlp"}, "precision_policy": self.precision_policy,
                                         "loss_scale": self.loss_scale})
-        return Variant(precision_policy=self.precision_policy, loss_scale=probe.loss_scale)
+        return Variant(precision_policy=self.precision_policy, loss_scale=probe.loss_scale,
+                       layer_policies=self.layer_policies)
 
     @property
     def label(self) -> str:
         """"float32", "mixed_float16 + dynamic", "mixed_float16 + fixed 1024"."""
-        scale = self.loss_scale
+        scale, pins = self.loss_scale, ""
+        for policy in dict.fromkeys((self.layer_policies or {}).values()):  # " + float32: dense_1, probs"
+            pins += f" + {policy.value}: {', '.join(n for n, p in (self.layer_policies or {}).items() if p is policy)}"
         if scale is None or (scale.mode == "none" and self.precision_policy.compute_dtype != "float16"):
-            return self.precision_policy.value
+            return self.precision_policy.value + pins
         if isinstance(scale, FixedLossScale):
-            return f"{self.precision_policy.value} + fixed {scale.scale:g}"
-        return f"{self.precision_policy.value} + {scale.mode}"
+            return f"{self.precision_policy.value} + fixed {scale.scale:g}{pins}"
+        return f"{self.precision_policy.value} + {scale.mode}{pins}"
 
 
 from mpjobs.contract.evaluation import ValidationSpec, check_metrics, loss_name_of  # noqa: E402  (reads DatasetSpec)
@@ -193,6 +163,11 @@ class JobSpec(Strict):
     and its other variants get []: nothing."""
     validation: ValidationSpec | None = None
     """Held-out evaluation, its metrics and interval (mpjobs/contract/evaluation.py). None: none."""
+    layer_policies: dict[Annotated[Text, Field(min_length=1, max_length=200)], PrecisionPolicy] = Field(
+        default_factory=dict, max_length=MAX_KERAS_LAYERS)
+    """Layers that compute in another policy than `precision_policy`, by name (`mpjobs.contract.layer_names`),
+    nested models' and wrapped layers' included: {"dense_1": "float32"} keeps that layer in float32 under
+    mixed_float16. The float32 check and the layer checks still compare with the all-float32 model."""
 
     @field_validator("loss_scale", mode="before")
     @classmethod
@@ -211,6 +186,10 @@ class JobSpec(Strict):
             object.__setattr__(self, "loss_scale", DynamicLossScale() if half else NoLossScale())
         if self.validation is not None:
             check_metrics(self.validation.metrics, loss_name_of(self.model))
+        if self.layer_policies:
+            known = layer_names(self.model)
+            if unknown := [name for name in self.layer_policies if name not in known]:
+                raise ValueError(unknown_layers_message("layer_policies", unknown, known))
         return self
 
 
@@ -255,8 +234,14 @@ class ComparisonSpec(Strict):
 
     @field_validator("variants", mode="after")
     @classmethod
-    def _baseline_and_distinct(cls, value: list[Variant] | None) -> list[Variant]:
+    def _baseline_and_distinct(cls, value: list[Variant] | None, info: ValidationInfo) -> list[Variant]:
         variants = [v.resolved() for v in (value or DEFAULT_VARIANTS)]
+        spec = info.data.get("spec")
+        for index, variant in enumerate(variants):
+            if spec is not None and variant.layer_policies:
+                known = layer_names(spec.model)
+                if unknown := [name for name in variant.layer_policies if name not in known]:
+                    raise ValueError(unknown_layers_message(f"variants[{index}].layer_policies", unknown, known))
         if not any(v.precision_policy is PrecisionPolicy.FLOAT32 for v in variants):
             raise ValueError("variants must include a 'float32' variant: it is the baseline every other "
                              "variant is compared with.")
@@ -287,18 +272,26 @@ class ComparisonSpec(Strict):
             label = f" · {variant.label}"  # kept whole: a long name is cut instead
             name = f"{(self.name or model_tag(self.spec.model) or 'model')[:200 - len(label)]}{label}"
             # One speed measurement for all: the baseline times every other variant in turns.
-            timed = [v.model_dump(mode="json") for v in variants if v is not baseline] if variant is baseline else []
+            timed = [{**v.model_dump(mode="json"), "layer_policies": self.pins_of(v)} for v in variants
+                     if v is not baseline] if variant is baseline else []
             specs.append(JobSpec.model_validate({
                 **base, "name": name, "precision_policy": variant.precision_policy.value,
                 "loss_scale": None if variant.loss_scale is None else variant.loss_scale.model_dump(mode="json"),
-                "speed_check": timed,
+                "speed_check": timed, "layer_policies": self.pins_of(variant),
             }))
         if self.float32_seeds > 1:  # the seed control, last: float32 with the next training seed (0 after the last)
             label, tag = self.seed_control_label, self.name or model_tag(self.spec.model) or "model"
             specs.append(JobSpec.model_validate({**base, "name": f"{tag[:197 - len(label)]} · {label}",
-                "precision_policy": "float32", "loss_scale": None, "speed_check": [],
+                "precision_policy": "float32", "loss_scale": None, "speed_check": [], "layer_policies": {},
                 "training": {**base["training"], "seed": (self.spec.training.seed + 1) % 2**31}}))
         return specs
+
+    def pins_of(self, variant: Variant) -> dict[str, str]:
+        """The per-layer policies `variant`'s job trains with: its own, else the spec's; none for float32."""
+        if variant.precision_policy is PrecisionPolicy.FLOAT32 and variant.layer_policies is None:
+            return {}
+        pins = self.spec.layer_policies if variant.layer_policies is None else variant.layer_policies
+        return {name: policy.value for name, policy in pins.items()}
 
     @property
     def seed_control_label(self) -> str:

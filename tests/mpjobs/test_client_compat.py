@@ -81,9 +81,11 @@ BUCKETS = {"job_id": "a" * 32, "total_steps": 3, "buckets": [{
 
 def newer(value: Any) -> Any:
     """`value` as a newer server might send it: a field this client does not know added to every object in it,
-    at any depth (but not inside the worker's free-form `device`, where any key is a value)."""
+    at any depth (but not inside the worker's free-form `device` nor a spec's `layer_policies`, where any key
+    is a value: a layer's name)."""
     if isinstance(value, dict):
-        return {**{k: v if k == "device" else newer(v) for k, v in value.items()}, NEW: {"nested": [1, "x"]}}
+        return {**{k: v if k in ("device", "layer_policies") else newer(v) for k, v in value.items()},
+                NEW: {"nested": [1, "x"]}}
     if isinstance(value, list):
         return [newer(v) for v in value]
     return value

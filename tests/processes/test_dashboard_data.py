@@ -111,12 +111,13 @@ def test_the_synthetic_repeat_is_stated_from_the_spec(
 
     spec = {"name": "repeat", "model": {"name": "mlp", "input_dim": 8, "hidden_units": 8, "classes": 3},
             "precision_policy": "float32", "dataset": {"kind": "synthetic", "samples": 1000},
-            "training": {"steps": 2, "batch_size": 50}}
+            "training": {"steps": 2, "batch_size": 50}, "layer_policies": {"dense_1": "mixed_bfloat16"}}
     job = api.post("/jobs", json=spec)
     assert job.status_code in (200, 201, 202), job.text
     open_dashboard(browser, keyed_stack, f"#/jobs/{job.json()['id']}")
     note = wait_for(browser, lambda d: text_of(d, "synthetic-repeat"), 10, "the repeat note on the job page")
     assert f"1,000 training rows repeat every {1000 // 50} steps at batch 50" in note
+    assert text_of(browser, "layer-policies").strip() == "dense_1 in mixed_bfloat16 ·"
     screenshot(browser, "dashboard-job-repeat.png")
 
 

@@ -17,7 +17,7 @@ import keras
 from keras import layers, ops
 
 from app.core.errors import InvalidModel, JobFailed
-from mpjobs.contract.keras_io import not_one_input_and_output
+from mpjobs.contract.layer_names import BuiltinNames
 from mpjobs.contract.model_specs import (
     CnnModel,
     Conv3dUnetModel,
@@ -25,10 +25,11 @@ from mpjobs.contract.model_specs import (
     MlpModel,
     TransformerModel,
 )
-from mpjobs.contract.spec import JobSpec
+from mpjobs.contract.spec import JobSpec, PrecisionPolicy
 from worker.engine.devices import detect_device
 from worker.engine.failures import missing_kernel, out_of_memory
 from worker.engine.keras_json import keras_cause, load_keras_json
+from worker.engine.model_checks import check_trainable
 
 FLOAT16_MISSING_ON_CPU = ("MaxPooling3D", "AveragePooling3D")
 """Layers whose TensorFlow CPU kernels exist only for float32 and bfloat16."""
@@ -92,57 +93,63 @@ class ScanVoxelSum(keras.losses.Loss):
         return {k: v for k, v in config.items() if k != "reduction"}
 
 
-def _softmax_head(x: Any, classes: int) -> Any:
+def _softmax_head(x: Any, classes: int, n: Callable[[str], str]) -> Any:
     # Keras's mixed-precision guide: keep the final softmax in float32.
-    return layers.Activation("softmax", dtype="float32", name="probs")(layers.Dense(classes)(x))
+    return layers.Activation("softmax", dtype="float32", name=n("probs"))(layers.Dense(classes, name=n("dense"))(x))
 
 
-def _mlp(m: MlpModel) -> keras.Model:
+# Every layer is named as mpjobs.contract.layer_names.builtin_names lists it, in this order: a name in a
+# spec's layer_policies means the same layer in every process, however many models it built before.
+
+def _mlp(m: MlpModel, n: Callable[[str], str]) -> keras.Model:
     inputs = keras.Input((m.input_dim,))
-    x = layers.Dense(m.hidden_units, activation="relu")(inputs)
-    return keras.Model(inputs, _softmax_head(x, m.classes), name="mlp")
+    x = layers.Dense(m.hidden_units, activation="relu", name=n("dense"))(inputs)
+    return keras.Model(inputs, _softmax_head(x, m.classes, n), name="mlp")
 
 
-def _cnn(m: CnnModel) -> keras.Model:
+def _cnn(m: CnnModel, n: Callable[[str], str]) -> keras.Model:
     inputs = keras.Input((m.image_size, m.image_size, 3))
-    x = layers.Conv2D(m.filters, 3, padding="same", activation="relu")(inputs)
-    x = layers.MaxPooling2D()(x)
-    x = layers.Conv2D(m.filters * 2, 3, padding="same", activation="relu")(x)
-    x = layers.MaxPooling2D()(x)
-    x = layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, _softmax_head(x, m.classes), name="cnn")
+    x = layers.Conv2D(m.filters, 3, padding="same", activation="relu", name=n("conv2d"))(inputs)
+    x = layers.MaxPooling2D(name=n("max_pooling2d"))(x)
+    x = layers.Conv2D(m.filters * 2, 3, padding="same", activation="relu", name=n("conv2d"))(x)
+    x = layers.MaxPooling2D(name=n("max_pooling2d"))(x)
+    x = layers.GlobalAveragePooling2D(name=n("global_average_pooling2d"))(x)
+    return keras.Model(inputs, _softmax_head(x, m.classes, n), name="cnn")
 
 
-def _conv3d_unet(m: Conv3dUnetModel) -> keras.Model:
+def _conv_block(x: Any, filters: int, n: Callable[[str], str]) -> Any:
+    x = layers.Conv3D(filters, 3, padding="same", name=n("conv3d"))(x)
+    return layers.Activation("relu", name=n("activation"))(layers.BatchNormalization(name=n("batch_normalization"))(x))
+
+
+def _conv3d_unet(m: Conv3dUnetModel, n: Callable[[str], str]) -> keras.Model:
     inputs = keras.Input((m.volume, m.volume, m.volume, 1))
-    skip = layers.Conv3D(m.filters, 3, padding="same")(inputs)
-    skip = layers.Activation("relu")(layers.BatchNormalization()(skip))
-    x = layers.MaxPooling3D(2)(skip)
-    x = layers.Conv3D(m.filters * 2, 3, padding="same")(x)
-    x = layers.Activation("relu")(layers.BatchNormalization()(x))
-    x = layers.UpSampling3D(2)(x)
-    x = layers.Concatenate()([x, skip])
-    x = layers.Conv3D(m.filters, 3, padding="same", activation="relu")(x)
+    skip = _conv_block(inputs, m.filters, n)
+    x = _conv_block(layers.MaxPooling3D(2, name=n("max_pooling3d"))(skip), m.filters * 2, n)
+    x = layers.UpSampling3D(2, name=n("up_sampling3d"))(x)
+    x = layers.Concatenate(name=n("concatenate"))([x, skip])
+    x = layers.Conv3D(m.filters, 3, padding="same", activation="relu", name=n("conv3d"))(x)
     # The output stays in the compute dtype, as in the report.
-    outputs = layers.Conv3D(1, 1, name="voxels")(x)
+    outputs = layers.Conv3D(1, 1, name=n("voxels"))(x)
     return keras.Model(inputs, outputs, name="conv3d_unet")
 
 
-def _transformer(m: TransformerModel) -> keras.Model:
+def _transformer(m: TransformerModel, n: Callable[[str], str]) -> keras.Model:
     inputs = keras.Input((m.seq_len,), dtype="int32")
-    x = layers.Embedding(m.vocab_size, m.d_model)(inputs)
-    x = PositionEmbedding(m.seq_len, m.d_model)(x)
+    x = layers.Embedding(m.vocab_size, m.d_model, name=n("embedding"))(inputs)
+    x = PositionEmbedding(m.seq_len, m.d_model, name=n("position_embedding"))(x)
     for _ in range(m.layers):
-        attn = layers.MultiHeadAttention(m.heads, m.d_model // m.heads, dropout=m.dropout)(x, x)
-        x = layers.LayerNormalization()(x + attn)
-        ffn = layers.Dense(m.ffn_dim, activation="gelu")(x)
-        ffn = layers.Dropout(m.dropout)(layers.Dense(m.d_model)(ffn))
-        x = layers.LayerNormalization()(x + ffn)
-    x = layers.GlobalAveragePooling1D()(x)
-    return keras.Model(inputs, _softmax_head(x, m.classes), name="transformer")
+        attn = layers.MultiHeadAttention(m.heads, m.d_model // m.heads, dropout=m.dropout,
+                                         name=n("multi_head_attention"))(x, x)
+        x = layers.LayerNormalization(name=n("layer_normalization"))(x + attn)
+        ffn = layers.Dense(m.ffn_dim, activation="gelu", name=n("dense"))(x)
+        ffn = layers.Dropout(m.dropout, name=n("dropout"))(layers.Dense(m.d_model, name=n("dense"))(ffn))
+        x = layers.LayerNormalization(name=n("layer_normalization"))(x + ffn)
+    x = layers.GlobalAveragePooling1D(name=n("global_average_pooling1d"))(x)
+    return keras.Model(inputs, _softmax_head(x, m.classes, n), name="transformer")
 
 
-_BUILDERS: dict[type, Callable[[Any], keras.Model]] = {
+_BUILDERS: dict[type, Callable[[Any, Callable[[str], str]], keras.Model]] = {
     MlpModel: _mlp,
     CnnModel: _cnn,
     Conv3dUnetModel: _conv3d_unet,
@@ -160,78 +167,36 @@ def all_layers(model: keras.Model) -> list[keras.layers.Layer]:
     return found
 
 
-def _in_float32(config: Any, names: tuple[str, ...]) -> None:
-    """Set the dtype of the layer configs named `names`, at any depth (nested models), to float32."""
+def _set_dtypes(config: Any, dtypes: dict[str, str]) -> None:
+    """Set the dtype of each layer config named in `dtypes`, at any depth (nested models, wrapped layers)."""
     if isinstance(config, dict):
         inner = config.get("config")
-        if (isinstance(inner, dict) and inner.get("name") in names
-                and config.get("class_name") in FLOAT16_MISSING_ON_CPU):
-            inner["dtype"] = "float32"
+        if (isinstance(inner, dict) and inner.get("name") in dtypes
+                and not str(config.get("class_name", "")).startswith("DTypePolicy")):
+            inner["dtype"] = dtypes[inner["name"]]
         for value in config.values():
-            _in_float32(value, names)
+            _set_dtypes(value, dtypes)
     elif isinstance(config, list):
         for value in config:
-            _in_float32(value, names)
+            _set_dtypes(value, dtypes)
 
 
-def _float32_fallback(model: keras.Model, compute_dtype: str, on_cpu_tf: bool) -> tuple[keras.Model, tuple[str, ...]]:
-    """Run layers with no float16 CPU kernel in float32, nested ones too (max pooling is exact either way)."""
-    if compute_dtype != "float16" or not on_cpu_tf:
-        return model, ()
-    names = tuple(layer.name for layer in all_layers(model) if type(layer).__name__ in FLOAT16_MISSING_ON_CPU)
-    if not names:
+def _with_dtypes(model: keras.Model, policy: PrecisionPolicy, pins: dict[str, PrecisionPolicy],
+                 on_cpu_tf: bool) -> tuple[keras.Model, tuple[str, ...]]:
+    """The model with the spec's per-layer policies (`layer_policies`), and with the layers that have no float16
+    CPU kernel in float32 (max pooling is exact either way): rebuilt from its config, with the same weights.
+    Returns the model and the layers run in float32 for want of a kernel."""
+    fallback = tuple(
+        layer.name for layer in all_layers(model) if on_cpu_tf and type(layer).__name__ in FLOAT16_MISSING_ON_CPU
+        and pins.get(layer.name, policy).compute_dtype == "float16")
+    dtypes = {**{name: pinned.value for name, pinned in pins.items()}, **dict.fromkeys(fallback, "float32")}
+    if not dtypes:
         return model, ()
     config = model.get_config()
-    _in_float32(config, names)
+    _set_dtypes(config, dtypes)
     rebuilt = model.__class__.from_config(config)
     rebuilt.set_weights(model.get_weights())  # Same initial weights as every other policy.
-    return rebuilt, names
-
-
-_NUMERIC_KINDS = ("float", "bfloat", "int", "uint", "bool")
-
-
-_CLASS_LOSSES = ("sparse_categorical_crossentropy", "categorical_crossentropy")
-
-
-def _check_trainable(model: keras.Model, source: str, loss_name: str) -> None:
-    """Refuse what the engine cannot train on generated data: open or empty shapes, several inputs or outputs,
-    non-numeric inputs, a class loss without classes, nothing to train."""
-    if not model.built:
-        raise InvalidModel(f"{source} must declare its input shape: start it with keras.Input(shape). "
-                           f"Received: a {type(model).__name__} that was never built.")
-    if len(model.inputs) != 1 or len(model.outputs) != 1:
-        outputs = getattr(model, "output_names", None) or [t.name for t in model.outputs]  # a Functional's layers
-        raise InvalidModel(not_one_input_and_output(source, [t.name for t in model.inputs], list(outputs)))
-    for kind, tensors in (("input", model.inputs), ("output", model.outputs)):
-        for tensor in tensors:
-            dtype = keras.backend.standardize_dtype(tensor.dtype)
-            if not dtype.startswith(_NUMERIC_KINDS):
-                raise InvalidModel(
-                    f"{source} {kind} {tensor.name!r} has dtype {dtype!r}: mpjobs trains on numbers (synthetic data "
-                    f"or .npz arrays), so every {kind} must be a float or an integer (token ids, with an Embedding). "
-                    f"Received: dtype={dtype!r}")
-            shape = tuple(tensor.shape)
-            if None in shape[1:]:
-                raise InvalidModel(
-                    f"{source} {kind} has shape {shape}: every dimension but the batch must be fixed, because "
-                    f"mpjobs generates synthetic data of that shape. Received: {kind} {tensor.name!r}, shape={shape}"
-                )
-            if 0 in shape[1:]:
-                raise InvalidModel(f"{source} {kind} has shape {shape}: a dimension of size 0 holds no values, so "
-                                   f"its mean loss is NaN. Received: {kind} {tensor.name!r}, shape={shape}")
-    out_shape = tuple(model.outputs[0].shape)
-    if loss_name in _CLASS_LOSSES and (len(out_shape) < 2 or out_shape[-1] < 2):
-        raise InvalidModel(
-            f"{source} output has shape {out_shape}: loss {loss_name!r} needs a last axis of at least 2 classes "
-            f"(one score per class); one class makes the loss 0 for every input. For one yes/no output use "
-            f"'binary_crossentropy'. Received: output shape={out_shape}")
-    if not model.trainable_weights:
-        names = ", ".join(layer.name for layer in model.layers)
-        raise InvalidModel(
-            f"{source} must have trainable weights: training updates them and reports their gradients. "
-            f"Received: {len(model.weights)} weights, none trainable, in layers: {names}"
-        )
+    return rebuilt, fallback
 
 
 class _Float32Penalty(keras.regularizers.Regularizer):
@@ -282,12 +247,12 @@ def build_model(spec: JobSpec, *, on_cpu_tf: bool) -> BuiltModel:
             loss: str | Callable[..., Any] = output_mean if m.loss == "output_mean" else m.loss
             loss_name: str = m.loss
         else:
-            model = _BUILDERS[type(m)](m)
+            model = _BUILDERS[type(m)](m, BuiltinNames())
             if isinstance(m, Conv3dUnetModel):
                 loss, loss_name = ScanVoxelSum(m.reference_edge), "scan_voxel_sum"
             else:
                 loss = loss_name = "sparse_categorical_crossentropy"
-        model, float32_layers = _float32_fallback(model, policy.compute_dtype, on_cpu_tf)
+        model, float32_layers = _with_dtypes(model, policy, spec.layer_policies, on_cpu_tf)
     except JobFailed:
         raise
     except Exception as exc:
@@ -303,7 +268,7 @@ def build_model(spec: JobSpec, *, on_cpu_tf: bool) -> BuiltModel:
         raise
     finally:
         keras.config.set_dtype_policy(previous)
-    _check_trainable(model, "model.keras_json" if isinstance(m, KerasJsonModel) else "model", loss_name)
+    check_trainable(model, "model.keras_json" if isinstance(m, KerasJsonModel) else "model", loss_name)
     return BuiltModel(
         model, loss, loss_name, output_dtype=keras.backend.standardize_dtype(model.outputs[0].dtype),
         float32_layers=float32_layers, penalties=_float32_penalties(model),

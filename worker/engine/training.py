@@ -194,7 +194,7 @@ class Training:
         every = t.underflow_check_every if half else 0
         layer_every = 0 if strategy is not None else t.layer_check_every if t.layer_check_every is not None else every
         if every > 0 or layer_every > 0:
-            twin_spec = spec.model_copy(update={"precision_policy": PrecisionPolicy.FLOAT32})
+            twin_spec = spec.model_copy(update={"precision_policy": PrecisionPolicy.FLOAT32, "layer_policies": {}})
             self.check = Float32Check(
                 build_twin=lambda: build_model(twin_spec, on_cpu_tf=on_cpu_tf).model, loss=compiled_loss(built.loss),
                 every=every, layer_every=layer_every, start_step=self.start, batch_size=t.batch_size,

@@ -58,12 +58,15 @@ CONFIDENCE = 0.95
 
 def float32_twin(spec: JobSpec) -> JobSpec:
     """The same job in float32, without loss scaling."""
-    return spec.model_copy(update={"precision_policy": PrecisionPolicy.FLOAT32, "loss_scale": NoLossScale()})
+    return spec.model_copy(update={"precision_policy": PrecisionPolicy.FLOAT32, "loss_scale": NoLossScale(),
+                                   "layer_policies": {}})
 
 
 def variant_spec(spec: JobSpec, variant: Variant) -> JobSpec:
     """`spec` with `variant`'s policy and loss scaling: what that variant's job trains."""
-    return spec.model_copy(update={"precision_policy": variant.precision_policy, "loss_scale": variant.loss_scale})
+    pins = spec.layer_policies if variant.layer_policies is None else variant.layer_policies
+    return spec.model_copy(update={"precision_policy": variant.precision_policy, "loss_scale": variant.loss_scale,
+                                   "layer_policies": pins})
 
 
 class _StepClock(keras.callbacks.Callback):

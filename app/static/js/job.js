@@ -86,12 +86,21 @@ function transitionsTable(transitions) {
       h("tr", {}, h("td", {}, stateBadge(t.state)), h("td", {}, fmtTime(t.at)), h("td", {}, t.message)))));
 }
 
+// "dense_1 in float32 · ": the layers the spec runs in another policy (docs/numerics.md, "Per-layer policies").
+function pinsText(pins) {
+  const entries = Object.entries(pins ?? {});
+  if (!entries.length) return null;
+  return h("span", { "data-testid": "layer-policies" },
+    entries.map(([name, policy]) => `${name} in ${policy}`).join(", "), " · ");
+}
+
 function specLine(job) {
   const { spec } = job;
   const t = spec.training;
   return h("p", { class: "meta" },
     h("span", { class: "mono" }, spec.model.name ?? "keras_json"), " · ",
     h("span", { class: "mono", "data-testid": "policy" }, spec.precision_policy), " · ",
+    pinsText(spec.layer_policies),
     "loss scale ", h("span", { class: "mono" }, lossScaleText(spec.loss_scale)), " · ",
     `${t.steps} steps of ${t.batch_size}, ${t.optimizer} at ${t.learning_rate}`,
     job.worker ? ` · ${job.worker.device.kind ?? ""} worker ${job.worker.host}:${job.worker.pid}` +

@@ -4,7 +4,6 @@ construction), on the same weights and batch."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -51,15 +50,6 @@ def nested(pins: dict[str, str] | None = None) -> keras.Model:
     return keras.Model(inputs, outputs, name="outer")
 
 
-def under(policy: str, make: Callable[[], keras.Model]) -> keras.Model:
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy)
-    try:
-        return make()
-    finally:
-        keras.config.set_dtype_policy(previous)
-
-
 PINS = {"wide": "float32", "quiet": "float32", "per_row": "float32"}
 
 
@@ -77,7 +67,7 @@ def test_pins_reach_layers_at_every_depth_and_the_numbers_match_a_gradient_tape(
     assert policies["d1"] == policies["block"] == policies["steps"] == "mixed_float16"
 
     # The same model pinned at construction, on the job's initial weights: step 1's loss and gradient.
-    reference = under("mixed_float16", lambda: nested(PINS))
+    reference = built(lambda: nested(PINS), "mixed_float16")
     reference.set_weights([w.astype(np.float32) for w in initial_weights(spec)])
     with tf.GradientTape() as tape:
         loss = keras.losses.SparseCategoricalCrossentropy()(y, reference(x, training=True))

@@ -107,17 +107,23 @@ def job(settings: Settings, make: Callable[[], keras.Model], policy: str) -> tup
     return spec, x, y
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_each_kind_measures_the_signal_a_gradient_tape_sees(train: Train, settings: Settings, kind: str) -> None:
-    make = KINDS[kind]
+def expected(settings: Settings, make: Callable[[], keras.Model]) -> tuple[Any, dict[str, np.ndarray],
+                                                                         dict[str, np.ndarray]]:
+    """A mixed_float16 job of `make`'s model, and the tape's signals under mixed_float16 and float32 on its
+    initial weights and batch."""
     spec, x, y = job(settings, make, "mixed_float16")
     weights = [w.astype(np.float32) for w in initial_weights(spec)]
-    expected = {}
+    signals = []
     for policy in ("mixed_float16", "float32"):
         model = built(make, policy)
         model.set_weights(weights)
-        expected[policy] = tape_signals(model, x, y)
-    half, full = expected["mixed_float16"], expected["float32"]
+        signals.append(tape_signals(model, x, y))
+    return spec, signals[0], signals[1]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_measures_the_signal_a_gradient_tape_sees(train: Train, settings: Settings, kind: str) -> None:
+    spec, half, full = expected(settings, KINDS[kind])
 
     _, reporter = train(spec)
     (check,) = reporter.layer_checks
@@ -144,20 +150,13 @@ def test_each_kind_measures_the_signal_a_gradient_tape_sees(train: Train, settin
 def test_zeros_float32_already_has_are_not_underflow(train: Train, settings: Settings) -> None:
     """A ReLU apart from its Dense, and a max-pooling, zero much of the signal in float32 too: none of it is
     excess under mixed_float16, and no layer is named."""
-    spec, x, y = job(settings, relu_apart, "mixed_float16")
-    weights = [w.astype(np.float32) for w in initial_weights(spec)]
-    expected = {}
-    for policy in ("mixed_float16", "float32"):
-        model = built(relu_apart, policy)
-        model.set_weights(weights)
-        expected[policy] = tape_signals(model, x, y)
-    full = expected["float32"]
+    spec, half, full = expected(settings, relu_apart)
     assert np.mean(full["pre"] == 0) > 0.3 and np.mean(full["rows"] == 0) > 0.3  # float32's own zeros
 
     _, reporter = train(spec)
     (check,) = reporter.layer_checks
     got = {layer.name: layer for layer in check.layers}
-    for name, signal in expected["mixed_float16"].items():
+    for name, signal in half.items():
         assert got[name].signal_zero_fraction == pytest.approx(np.mean(signal == 0), abs=0.02), name
         if name != "probs":  # as above
             assert got[name].signal_excess_zero_fraction == pytest.approx(0.0, abs=0.02), name

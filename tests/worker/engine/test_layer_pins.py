@@ -15,6 +15,7 @@ from app.core.config import Settings
 from mpjobs.contract.layer_names import layer_names
 from mpjobs.contract.spec import JobSpec
 from tests.worker.conftest import Train, initial_weights
+from tests.worker.numerics.test_layer_signals import built
 from tests.worker.numerics.test_numerics import npz_spec
 from worker.engine.models import all_layers, build_model
 
@@ -29,8 +30,8 @@ def test_a_built_in_model_has_the_layer_names_the_api_lists(model: dict[str, Any
     """Built after another model in the same process: Keras's own names would have moved on (dense_2, ...)."""
     spec = JobSpec.model_validate({"model": model})
     build_model(spec, on_cpu_tf=True)
-    built = build_model(spec, on_cpu_tf=True).model
-    assert [layer.name for layer in built.layers if not isinstance(layer, keras.layers.InputLayer)] == \
+    model = build_model(spec, on_cpu_tf=True).model
+    assert [layer.name for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)] == \
         layer_names(spec.model)
 
 
@@ -61,8 +62,8 @@ def test_pins_reach_layers_at_every_depth_and_the_numbers_match_a_gradient_tape(
     spec = npz_spec(settings, "pinned", x, y, {"keras_json": nested().to_json(),
                                                "loss": "sparse_categorical_crossentropy"},
                     precision_policy="mixed_float16", loss_scale="none", layer_policies=PINS)
-    built = build_model(spec, on_cpu_tf=True).model
-    policies = {layer.name: layer.dtype_policy.name for layer in all_layers(built)}
+    model = build_model(spec, on_cpu_tf=True).model
+    policies = {layer.name: layer.dtype_policy.name for layer in all_layers(model)}
     assert {name: policies[name] for name in PINS} == PINS
     assert policies["d1"] == policies["block"] == policies["steps"] == "mixed_float16"
 

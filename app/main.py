@@ -112,6 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(metrics.router)
     app.include_router(metrics.export_router)
     app.include_router(layers.router)
+    app.include_router(layers.plan_router)
     app.include_router(evaluations.router)
     app.include_router(comparisons.router)
     app.include_router(datasets.router)

@@ -18,6 +18,7 @@ from mpjobs._reading import read, read_json
 from mpjobs._stream import follow
 from mpjobs.contract.jobs import EvaluationsPage, JobError, JobState, LayersPage, MetricsBuckets, MetricsPage
 from mpjobs.contract.jobs import JobRecord as JobResource
+from mpjobs.contract.plan import PlanView
 from mpjobs.contract.records import Diagnosis, EvalRecord, StepRecord, Summary
 
 if TYPE_CHECKING:
@@ -184,6 +185,11 @@ class Job:
         """One page of layer checks (every layer's gradient and activation numerics at a step) after step `after`."""
         return read(LayersPage, self.client.request("GET", f"/jobs/{self.id}/layers",
                                                     params={"after": after, "limit": limit}))
+
+    def plan(self) -> PlanView:
+        """The precision plan (`GET /jobs/{id}/plan`): layers to keep in float32 and a loss scale, its search,
+        a spec fragment and lines of Keras. `NotFound` says why a job has none."""
+        return read(PlanView, self.client.request("GET", f"/jobs/{self.id}/plan"))
 
     def evaluations(self) -> list[EvalRecord]:
         """Every evaluation on the held-out rows so far, in step order (`GET /jobs/{id}/evaluations`, every page):

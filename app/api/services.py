@@ -12,11 +12,12 @@ from app.api import reports
 from app.api.redis_memory import MemoryGauge
 from app.api.resources import ComparisonPage, ComparisonReport, Health, JobPage
 from app.core.config import MODEL_ARTIFACT, Settings
-from app.core.errors import ArtifactNotFound, ComparisonNotFound, JobAlreadyEnded, JobNotFound
+from app.core.errors import ArtifactNotFound, ComparisonNotFound, JobAlreadyEnded, JobNotFound, PlanNotFound
 from app.store import VIEW_TTL_S, ComparisonRecord, IdempotencyKey, JobStore
 from app.store import queue as queues
 from mpjobs.contract.data_specs import UploadedDataset
 from mpjobs.contract.jobs import EvaluationsPage, JobRecord, JobState, LayersPage
+from mpjobs.contract.plan import PlanView, keras_lines, spec_fragment
 from mpjobs.contract.spec import ComparisonSpec, JobSpec
 
 MAX_PAGE = 10_000
@@ -155,6 +156,32 @@ def _cancel_running(store: JobStore, job: JobRecord) -> JobState | None:
 def layers(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> LayersPage:
     get(store, job_id, tenant)
     return store.history.read_layers(job_id, after, min(limit, MAX_PAGE))
+
+
+def plan(store: JobStore, job_id: str, tenant: str) -> PlanView:
+    """The precision plan of the job's first flagged layer check (docs/numerics.md, "Precision plan")."""
+    job = get(store, job_id, tenant)
+    after, flagged = 0, False
+    while True:
+        page = store.history.read_layers(job_id, after, MAX_PAGE)
+        for check in page.checks:
+            if check.plan is not None:
+                fragment = spec_fragment(check.plan, job.spec.loss_scale.mode if job.spec.loss_scale else "none")
+                fragment["layer_policies"] = {**{k: v.value for k, v in job.spec.layer_policies.items()},
+                                              **check.plan.layer_policies}
+                return PlanView(job_id=job_id, plan=check.plan, spec_fragment=fragment, keras=keras_lines(check.plan))
+            flagged = flagged or check.underflow_layer is not None or check.overflow_layer is not None
+        if page.next_after is None:
+            break
+        after = page.next_after
+    if flagged:
+        raise PlanNotFound(job_id, "its search failed on the first flagged layer check (the worker's log says why).")
+    if job.spec.precision_policy.compute_dtype == "float32":
+        raise PlanNotFound(job_id, "it computes in float32, so nothing is planned.")
+    if not job.state.terminal:
+        raise PlanNotFound(job_id, f"it is {job.state.value}, and no layer check has found underflow or overflow "
+                                   "yet; the first that does proposes one.")
+    raise PlanNotFound(job_id, "no layer check found underflow or overflow: nothing needs pinning or scaling.")
 
 
 def evaluations(store: JobStore, job_id: str, tenant: str, after: int, limit: int) -> EvaluationsPage:

@@ -59,6 +59,11 @@ class ComparisonNotFound(JobNotFound):
         DomainError.__init__(self, f"No comparison with id {comparison_id!r}.")
 
 
+class PlanNotFound(JobNotFound):
+    def __init__(self, job_id: str, why: str) -> None:
+        DomainError.__init__(self, f"Job {job_id!r} has no precision plan: {why}")
+
+
 class ServiceUnavailable(DomainError):
     def __init__(self, detail: str) -> None:
         super().__init__(f"Redis is unreachable, so jobs cannot be read or queued right now: {detail}")

@@ -21,6 +21,7 @@ from mpjobs.cli.commands import (
     cmd_watch,
 )
 from mpjobs.cli.dataset_commands import cmd_datasets, cmd_upload
+from mpjobs.cli.plan_commands import cmd_plan
 from mpjobs.cli.spec_flags import variant
 from mpjobs.contract.jobs import JobState
 from mpjobs.contract.spec import LossScaleMode, PrecisionPolicy
@@ -136,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job_id", metavar="ID")
     p.add_argument("--csv", action="store_true", help="every check, one row per step and layer, with a header row")
     p.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
+    p = command("plan", cmd_plan, "the precision plan of a job: which layers to keep in float32 and what loss "
+                "scale make its first flagged step match float32, the search, a spec fragment and Keras lines")
+    p.add_argument("job_id", metavar="ID")
+    p.add_argument("--json", action="store_true", help="the plan resource as JSON")
     p = command("evaluations", cmd_evaluations, "every evaluation on the held-out rows: step, loss, each metric, "
                 "examples and seconds; JSON lines with --json")
     p.add_argument("job_id", metavar="ID")

@@ -9,6 +9,7 @@ from pydantic import (
     ConfigDict,
 )
 
+from mpjobs.contract.plan import PrecisionPlan
 from mpjobs.contract.strict import Strict
 
 # --- telemetry --------------------------------------------------------------
@@ -145,6 +146,8 @@ class LayerCheck(Strict):
     """The underflow layer's excess zeros at `recovery_scale`."""
     recovery_grad_rel_error: float | None = None
     """The underflow layer's gradient error against float32 at `recovery_scale` (relative L2)."""
+    plan: PrecisionPlan | None = None
+    """On the first check that names an underflow or overflow layer: the precision plan proposed on its step."""
     time: float
     """Unix time of the check."""
 

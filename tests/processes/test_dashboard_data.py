@@ -33,6 +33,7 @@ from tests.processes.test_dashboard import (
     wait_for,
 )
 from tests.processes.test_datasets_http import OCTET, npz_bytes
+from tests.worker.numerics.test_plan import CASES, build
 
 
 @pytest.fixture(scope="module")
@@ -201,4 +202,22 @@ def test_the_comparison_page_fits_1400px_and_every_loss_curve_shows(
         assert f"{dtype}'s smallest subnormal is {smallest[dtype]}" in caption, caption
         assert "null" not in by_testid(browser, "layers-panel").text.split(), variant["label"]
     assert "float16" in seen and ("bfloat16" in seen or ended["mixed_bfloat16"][0] != "succeeded"), ended
+    assert page_errors(browser) == []
+
+
+def test_the_job_page_shows_the_precision_plan(keyed_stack: Stack, api: httpx.Client, browser: WebDriver) -> None:
+    """Issue 32, item 3: the plan of an overflowing model (tests/worker/numerics/test_plan.py), as the API has it."""
+    model = {"keras_json": build(CASES["overflow"], "functional").to_json(), "loss": "sparse_categorical_crossentropy"}
+    job = api.post("/jobs", json={"model": model, "precision_policy": "mixed_float16", "training": {"steps": 1,
+                                  "batch_size": 16}, "dataset": {"samples": 32}})
+    assert job.status_code in (200, 201, 202), job.text
+    job_id = job.json()["id"]
+    plan = wait_for(browser, lambda _: (r := api.get(f"/jobs/{job_id}/plan")).status_code == 200 and r.json(), 120,
+                    "the job's plan")
+    open_dashboard(browser, keyed_stack, f"#/jobs/{job_id}")
+    message = wait_for(browser, lambda d: text_of(d, "plan-message"), 30, "the plan on the job page")
+    assert message == plan["plan"]["message"] and "`loud`, `quiet`" in message
+    assert json.loads(text_of(browser, "plan-fragment")) == plan["spec_fragment"]
+    assert text_of(browser, "plan-keras").strip() == plan["keras"]
+    assert attr(browser, "plan", "data-holds") == "true"
     assert page_errors(browser) == []

@@ -38,6 +38,7 @@ from worker.engine.models import BuiltModel, all_layers, build_model
 from worker.engine.optimizers import make_optimizer
 from worker.engine.stopping import TimeLimit, phase, set_phase
 from worker.numerics.float32_check import Float32Check
+from worker.numerics.plan import pinned_builder
 from worker.numerics.speed import check_after_run
 from worker.numerics.summary import RunContext, SummaryBuilder
 from worker.telemetry.batch_loss import BatchLoss, StepTelemetry, compiled_loss
@@ -198,9 +199,8 @@ class Training:
             self.check = Float32Check(
                 build_twin=lambda: build_model(twin_spec, on_cpu_tf=on_cpu_tf).model, loss=compiled_loss(built.loss),
                 every=every, layer_every=layer_every, start_step=self.start, batch_size=t.batch_size,
-                compute_dtype=policy.compute_dtype, mode=optimizer.mode,
-                need_advice=lambda: self.builder.underflow_advice is None, on_error=self.builder.set_check_error,
-            )
+                compute_dtype=policy.compute_dtype, mode=optimizer.mode, build_pinned=pinned_builder(spec, on_cpu_tf),
+                need_advice=lambda: self.builder.underflow_advice is None, on_error=self.builder.set_check_error)
         self.recorder = StepRecorder(
             reporter=reporter, summary=self.builder, start_step=self.start, batch_size=t.batch_size,
             learning_rate=t.learning_rate, report_interval_s=settings.report_interval_s,

@@ -34,6 +34,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from mpjobs.contract.plan import PrecisionPlan
 from mpjobs.contract.records import LayerCheck
 from worker.numerics.gradients import GradientFn, current_values, gradient_fn
 from worker.numerics.layer_numerics import (
@@ -46,6 +47,7 @@ from worker.numerics.layer_numerics import (
     measure,
     scale_text,
 )
+from worker.numerics.plan import Candidates, search
 from worker.numerics.scale_search import doublings, how_to_scale, largest_scale, layer_recovery, power_of_two
 from worker.telemetry.optimizer import TelemetryOptimizer
 
@@ -127,7 +129,8 @@ class Float32Check(keras.callbacks.Callback):
     def __init__(self, *, build_twin: Callable[[], keras.Model], loss: keras.losses.Loss, every: int,
                  start_step: int, batch_size: int, compute_dtype: str, mode: str,
                  need_advice: Callable[[], bool], on_error: Callable[[str], None] = lambda message: None,
-                 layer_every: int = 0, clock: Callable[[], float] = time.time) -> None:
+                 layer_every: int = 0, clock: Callable[[], float] = time.time,
+                 build_pinned: Callable[[dict[str, str]], keras.Model] | None = None) -> None:
         super().__init__()
         self.on_error, self.clock = on_error, clock
         self.build_twin, self.loss = build_twin, loss
@@ -145,6 +148,7 @@ class Float32Check(keras.callbacks.Callback):
         self._twin_grads: GradientFn | None = None
         self._scale_index: int | None = None
         self._recovery_tried = False
+        self.build_pinned, self._plan_tried = build_pinned, False
 
     def due(self, step: int) -> bool:
         return _due(self.every, step) or _due(self.layer_every, step)
@@ -226,6 +230,10 @@ class Float32Check(keras.callbacks.Callback):
             if result.underflow_layer is not None and reference is not None and not self._recovery_tried:
                 self._recovery_tried = True
                 result = self._layer_recovery(result, x, y, arrays)
+            flagged = result.underflow_layer is not None or result.overflow_layer is not None
+            if flagged and reference is not None and not self._plan_tried and self.build_pinned is not None:
+                self._plan_tried = True
+                result = result.model_copy(update={"plan": self._plan(result, x, y, reference, reference_signals)})
             self.layer_results[step] = result
         if reference is None or not _due(self.every, step):
             return
@@ -239,6 +247,20 @@ class Float32Check(keras.callbacks.Callback):
             advice = self._advice(step, x, y, scale, c, reference, lost)
         self.results[step] = CheckResult(step, scale, c.excess, c.rel_error, None if worst is None else names[worst],
                                          0.0 if worst is None else c.per_tensor[worst], flagged, advice)
+
+    def _plan(self, check: LayerCheck, x: np.ndarray, y: np.ndarray, reference: list[np.ndarray],
+              reference_signals: list[Any]) -> PrecisionPlan | None:
+        """The precision plan of this step (worker/numerics/plan.py); None, logged, when the search fails."""
+        assert self._probe is not None and self.build_pinned is not None
+        try:
+            candidates = Candidates(self.build_pinned, self.loss, self.model, current_values(self.model), x, y,
+                                    reference, reference_signals)
+            names = [g.name for g in self._probe.groups if g.name != self.model.name]
+            return search(check, self.model.dtype_policy.name, names, candidates,
+                          largest_scale(reference, self.compute_dtype))
+        except Exception:
+            log.warning("the precision plan's search failed at step %d", check.step, exc_info=True)
+            return None
 
     def _layer_recovery(self, check: LayerCheck, x: np.ndarray, y: np.ndarray, arrays: StepArrays) -> LayerCheck:
         assert self._probe is not None

@@ -3,6 +3,7 @@
 import { api } from "./api.js";
 import { TERMINAL, errorBanner, fmtNumber, fmtPercent, h } from "./dom.js";
 import { METRICS, heatLegend, heatmap, sampleColumns } from "./heatmap.js";
+import { PlanBox } from "./plan.js";
 
 const REDRAW_MS = 100; // checks that arrive together are drawn once
 const UNDERFLOW = "underflow begins here";
@@ -113,8 +114,10 @@ export class LayersPanel {
     }, m.label));
     this.controls = h("div", { class: "layer-controls", role: "group", "aria-label": "Heatmap of", hidden: true },
       this.buttons);
+    this.plan = new PlanBox(jobId);
     this.element = h("section", { class: "layers", id: "layers", "data-testid": "layers-panel", "data-checks": 0 },
-      h("div", { class: "title-row" }, h("h2", {}, "Layers"), this.controls), this.problem, this.body);
+      h("div", { class: "title-row" }, h("h2", {}, "Layers"), this.controls), this.problem, this.body,
+      this.plan.element);
   }
 
   // The job as last polled: its spec says why there may be no checks, its summary names layers.
@@ -210,6 +213,7 @@ export class LayersPanel {
     }
     const checks = [...this.checks.values()].sort((a, b) => a.step - b.step);
     const latest = checks.at(-1);
+    this.plan.show(checks.find((c) => c.plan));
     const shown = sampleColumns(checks).length;
     const kinds = new Map(checks.flatMap((c) => c.layers.map((l) => [l.name, l.kind])));
     const recovery = recoveryText(checks);

@@ -128,17 +128,20 @@ class Client:
     def compare(self, spec: Any, variants: list[Any] | None = None, *, name: str | None = None,
                 tolerance: float | None = None, idempotency_key: str | None = None,
                 data: tuple[Any, Any] | None = None, validation: Any = None, float32_seeds: int | None = None,
-                **overrides: Any) -> Comparison:
+                plan: str | None = None, **overrides: Any) -> Comparison:
         """Run `spec` (as `submit` takes it, `overrides` its keywords) once per precision variant, same seed and
         data, and compare each with float32. `variants`: Variants, dicts or "POLICY[:MODE]" strings
         ("mixed_float16:dynamic"); None: float32, mixed_float16 with and without loss scaling, mixed_bfloat16.
         `data=(x, y)` and `validation=` as `submit` takes them. `float32_seeds=2`: also train float32 with the
-        next seed, so the verdict weighs mixed precision's held-out difference against two float32 seeds'."""
+        next seed, so the verdict weighs mixed precision's held-out difference against two float32 seeds'.
+        `plan="auto"`: one more variant, the first half-precision one trained with its precision plan."""
         body: dict[str, Any] = {"spec": job_spec(spec, **overrides) if overrides else as_dict(spec)}
         self._set_data(body["spec"], data)
         self._set_validation(body["spec"], validation, spec)
         if float32_seeds is not None:
             body["float32_seeds"] = float32_seeds
+        if plan is not None:
+            body["plan"] = plan
         if variants is not None:
             body["variants"] = [variant(v) for v in variants]
         if name is not None:

@@ -59,5 +59,6 @@ def admit(spec: JobSpec, settings: Settings, at: Loc = (), variant: str | None =
 
 def admit_comparison(comparison: ComparisonSpec, settings: Settings) -> None:
     """`admit` every variant's job: the comparison is refused whole if any one of them would be."""
-    for variant, spec in zip(comparison.variants or (), comparison.job_specs(), strict=True):
-        admit(spec, settings, at=("spec",), variant=variant.label)
+    labels = [variant.label for variant in comparison.variants or ()]
+    for index, spec in enumerate(comparison.job_specs()):  # the variants', then the plan's and the seed control's
+        admit(spec, settings, at=("spec",), variant=labels[index] if index < len(labels) else spec.name)

@@ -13,6 +13,7 @@ from enum import Enum
 from pathlib import Path
 
 from app.api import heldout
+from app.api.plan_report import own_speed, plan_label, plan_sentence
 from app.api.resources import ComparisonReport, VariantResult
 from mpjobs.contract.comparisons import HeldOut, held_out_words
 from mpjobs.contract.formats import percent, speed_words
@@ -33,17 +34,26 @@ def build(comparison_id: str, name: str | None, created_at: str, spec: Compariso
     speeds = {s.label: s for s in (base.summary.variant_speeds if base.summary else [])}
     results = [_result(v, job, base, i == base_index, speeds.get(v.label))
                for i, (v, job) in enumerate(zip(variants, jobs[:len(variants)], strict=True))]
+    after = len(variants) + (spec.plan is not None)
+    if spec.plan is not None:  # the plan variant, after the variants (app/api/plan_report.py)
+        label = plan_label(variants[spec.planned_index])
+        results.append(_result(variants[spec.planned_index], jobs[len(variants)], base, False,
+                               own_speed(jobs[len(variants)], label)).model_copy(update={"label": label}))
     control = None
-    if len(jobs) > len(variants):  # the seed control (float32_seeds: 2), after the variants
-        control = _result(variants[base_index], jobs[len(variants)], base, False, None).model_copy(
+    if len(jobs) > after:  # the seed control (float32_seeds: 2), last
+        control = _result(variants[base_index], jobs[after], base, False, None).model_copy(
             update={"label": spec.seed_control_label})
     done = all(job.state.terminal for job in jobs)
     if done and spec.spec.validation is not None and artifacts_dir is not None:
         results = [_held_out(r, base, artifacts_dir, spec.spec.validation.metrics) for r in results]
         control = _held_out(control, base, artifacts_dir, spec.spec.validation.metrics) if control else None
+    text = verdict(results, base, spec.tolerance, control) if done else _progress(jobs)
+    if done and spec.plan is not None:
+        r = results[-1]
+        text += " " + plan_sentence(jobs[spec.planned_index], jobs[len(variants)], r.label, r.loss_gap,
+                                    spec.tolerance, _speed(r), held_out_words(r.held_out) if r.held_out else None)
     return ComparisonReport(id=comparison_id, name=name, created_at=created_at, state="done" if done else "running",
-                            spec=spec, variants=results, seed_control=control,
-                            verdict=verdict(results, base, spec.tolerance, control) if done else _progress(jobs))
+                            spec=spec, variants=results, seed_control=control, verdict=text)
 
 
 def _result(variant: Variant, job: JobRecord, base: JobRecord, is_base: bool,

@@ -296,7 +296,8 @@ def cmd_compare(client: Client, args: argparse.Namespace) -> int:
         file = file_spec(args)
         spec = build_spec(args, file)
         variants = compare_variants(args, spec)
-        c = client.compare(spec, variants, name=args.name, tolerance=args.tolerance).resource.model_dump(mode="json")
+        c = client.compare(spec, variants, name=args.name, tolerance=args.tolerance,
+                           plan=args.plan).resource.model_dump(mode="json")
         notice = unused_settings(args, file, variants is not None and not args.variant,
                                  [v["label"] for v in c["variants"]])
         if notice:

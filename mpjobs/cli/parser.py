@@ -165,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="repeatable, e.g. float32 mixed_float16:dynamic mixed_float16:fixed=1024; default: "
                         "float32, mixed_float16:dynamic, mixed_float16:none, mixed_bfloat16")
     p.add_argument("--tolerance", type=float, help="largest relative loss gap that still matches float32")
+    p.add_argument("--plan", action="store_const", const="auto", help="add the first half-precision variant "
+                   "trained with its precision plan (layers in float32, a loss scale), and a verdict on it")
     p.add_argument("--show", metavar="ID", help="print an existing comparison instead of starting one")
     p.add_argument("--watch", action="store_true", help="poll until every variant has ended")
     p = command("upload", cmd_upload, "upload an .npz of arrays x and y (sent only if the server lacks its bytes); "

@@ -285,3 +285,5 @@ class Summary(Strict):
     """The final evaluation on the held-out rows (null: no `validation` in the spec)."""
     data: DataUse | None = None
     """What training did with the data: rows, epochs, shuffling, the dropped partial batch."""
+    plan: PrecisionPlan | None = None
+    """With `spec.plan: "auto"`: the precision plan of the job's step 1, which it trained with."""

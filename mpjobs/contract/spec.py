@@ -18,6 +18,12 @@ from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator,
 
 from mpjobs.contract.data_specs import NpzDataset, UploadedDataset
 from mpjobs.contract.layer_names import layer_names, unknown_layers_message
+from mpjobs.contract.loss_scale import DynamicLossScale as DynamicLossScale  # the contract's names, re-exported
+from mpjobs.contract.loss_scale import FixedLossScale as FixedLossScale
+from mpjobs.contract.loss_scale import LossScale as LossScale
+from mpjobs.contract.loss_scale import LossScaleMode as LossScaleMode
+from mpjobs.contract.loss_scale import NoLossScale as NoLossScale
+from mpjobs.contract.loss_scale import loss_scale_from_mode
 from mpjobs.contract.model_specs import MAX_KERAS_LAYERS, ModelSpec, model_tag
 from mpjobs.contract.strict import Integer, Number, Strict, Text
 from mpjobs.contract.training_spec import TrainingSpec
@@ -37,35 +43,6 @@ class PrecisionPolicy(StrEnum):
     @property
     def variable_dtype(self) -> str:
         return "float32" if self.value.startswith("mixed_") else self.value
-
-
-# --- loss scale -------------------------------------------------------------
-
-
-class LossScaleMode(StrEnum):
-    NONE = "none"
-    FIXED = "fixed"
-    DYNAMIC = "dynamic"
-
-
-class NoLossScale(Strict):
-    mode: Literal["none"] = "none"
-
-
-class FixedLossScale(Strict):
-    mode: Literal["fixed"] = "fixed"
-    scale: Number = Field(1024.0, ge=1.0, le=2.0**64)
-
-
-class DynamicLossScale(Strict):
-    mode: Literal["dynamic"] = "dynamic"
-    initial_scale: Number = Field(32768.0, ge=1.0, le=2.0**64)
-    growth_steps: Integer = Field(2000, ge=1, le=1_000_000)
-
-
-LossScale = Annotated[
-    NoLossScale | FixedLossScale | DynamicLossScale, Field(discriminator="mode")
-]
 
 
 # --- training, data, spec ---------------------------------------------------
@@ -93,18 +70,6 @@ DatasetSpec = Annotated[
         custom_error_message="dataset.kind must be one of 'synthetic', 'npz', 'uploaded'",
     ),
 ]
-
-
-def loss_scale_from_mode(value: Any) -> Any:
-    """Accept a bare mode string ("dynamic") for a loss scale with default parameters."""
-    if isinstance(value, str):
-        if value not in {m.value for m in LossScaleMode}:
-            raise ValueError(
-                "loss_scale must be one of 'none', 'fixed', 'dynamic'. "
-                f"Received: loss_scale={value!r}"
-            )
-        return {"mode": value}
-    return value
 
 
 MAX_VARIANTS = 8
@@ -168,6 +133,9 @@ class JobSpec(Strict):
     """Layers that compute in another policy than `precision_policy`, by name (`mpjobs.contract.layer_names`),
     nested models' and wrapped layers' included: {"dense_1": "float32"} keeps that layer in float32 under
     mixed_float16. The float32 check and the layer checks still compare with the all-float32 model."""
+    plan: Literal["auto"] | None = None
+    """"auto": before training, find the precision plan of this job's own step 1 (docs/numerics.md, "Precision
+    plan") and train with it: its layers in float32, its loss scale. A comparison's plan variant sets it."""
 
     @field_validator("loss_scale", mode="before")
     @classmethod
@@ -219,6 +187,9 @@ class ComparisonSpec(Strict):
     """None means float32, mixed_float16 + dynamic, mixed_float16 + none and mixed_bfloat16."""
     tolerance: Number = Field(DEFAULT_MATCH_TOLERANCE, gt=0.0, le=1.0)
     """Largest relative gap to float32's final loss that still counts as a match."""
+    plan: Literal["auto"] | None = None
+    """"auto": one more variant, the first half-precision variant's job with `plan: "auto"`: it trains with the
+    precision plan of that variant's step 1, and the verdict says whether the plan removed what that variant lost."""
     float32_seeds: Integer = Field(1, ge=1, le=2)
     """2: also train float32 with the next training seed (the seed control), so the verdict can say whether
     mixed precision's held-out difference is larger than two float32 runs'. Needs `spec.validation`."""
@@ -253,6 +224,12 @@ class ComparisonSpec(Strict):
             seen[variant.label] = index
         return variants
 
+    @model_validator(mode="after")
+    def _something_to_plan(self) -> ComparisonSpec:
+        if self.plan is not None and all(v.precision_policy.compute_dtype == "float32" for v in self.variants or ()):
+            raise ValueError("plan 'auto' plans a float16 or bfloat16 variant: add one to variants, or leave plan out.")
+        return self
+
     def job_specs(self) -> list[JobSpec]:
         """One job spec per variant, named "NAME · VARIANT": the comparison's name, else the model's.
 
@@ -279,6 +256,10 @@ class ComparisonSpec(Strict):
                 "loss_scale": None if variant.loss_scale is None else variant.loss_scale.model_dump(mode="json"),
                 "speed_check": timed, "layer_policies": self.pins_of(variant),
             }))
+        if self.plan is not None:  # the plan variant, after the variants: the planned one's spec, planned
+            planned = specs[self.planned_index]
+            specs.append(planned.model_copy(update={"plan": "auto", "speed_check": None,
+                                                    "name": f"{planned.name} + plan"[:200]}))
         if self.float32_seeds > 1:  # the seed control, last: float32 with the next training seed (0 after the last)
             label, tag = self.seed_control_label, self.name or model_tag(self.spec.model) or "model"
             specs.append(JobSpec.model_validate({**base, "name": f"{tag[:197 - len(label)]} · {label}",
@@ -292,6 +273,11 @@ class ComparisonSpec(Strict):
             return {}
         pins = self.spec.layer_policies if variant.layer_policies is None else variant.layer_policies
         return {name: policy.value for name, policy in pins.items()}
+
+    @property
+    def planned_index(self) -> int:
+        """The variant the plan variant plans: the first that does not compute in float32."""
+        return next(i for i, v in enumerate(self.variants or ()) if v.precision_policy.compute_dtype != "float32")
 
     @property
     def seed_control_label(self) -> str:

@@ -8,6 +8,7 @@ import pytest
 from mpjobs import DEFAULT_TIMEOUT_S, DEFAULT_URL
 from mpjobs.cli import build_parser
 from mpjobs.cli.commands import cmd_cancel, cmd_submit, cmd_watch
+from mpjobs.cli.plan_commands import cmd_plan
 
 
 def test_the_defaults_are_the_clients_unless_the_environment_sets_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,3 +35,10 @@ def test_global_options_go_before_or_after_the_command() -> None:
 def test_submit_watch_takes_the_interval_of_its_progress_lines() -> None:
     args = build_parser().parse_args(["submit", "--model", "mlp", "--watch", "--interval", "0"])
     assert (args.run, args.model, args.watch, args.interval) == (cmd_submit, "mlp", True, 0.0)
+
+
+def test_plan_reads_a_job_and_compare_plan_asks_for_the_plan_variant() -> None:
+    args = build_parser().parse_args(["plan", "j1", "--json"])
+    assert (args.run, args.job_id, args.json) == (cmd_plan, "j1", True)
+    assert build_parser().parse_args(["compare", "--model", "mlp", "--plan"]).plan == "auto"
+    assert build_parser().parse_args(["compare", "--model", "mlp"]).plan is None

@@ -57,3 +57,34 @@ def test_an_overflowing_model_gets_its_plan_and_a_clean_or_float32_job_says_why_
     none = client.get(f"/jobs/{healthy}/plan")
     assert none.status_code == 404 and "nothing needs pinning" in none.json()["detail"], none.text
     assert np.isfinite(plan["plan"]["moves"][-1]["grad_rel_error"])
+
+
+def test_a_comparison_with_plan_auto_ends_with_the_plan_variant_and_a_verdict_about_it(
+        stack: Stack, client: httpx.Client) -> None:
+    """Issue 32, item 4: float32, mixed_float16 + dynamic, and that variant with its plan, on the real stack."""
+    model = {"keras_json": build(CASES["overflow"], "sequential").to_json(),
+             "loss": "sparse_categorical_crossentropy"}
+    spec = {"model": model, "training": {"steps": 4, "batch_size": 16}, "dataset": {"samples": 64}}
+    created = client.post("/comparisons", json={"name": "plan auto", "spec": spec, "plan": "auto", "variants": [
+        {"precision_policy": "float32"}, {"precision_policy": "mixed_float16", "loss_scale": "dynamic"}]})
+    assert created.status_code == 201, created.text
+    comparison_id = created.json()["id"]
+    assert [v["label"] for v in created.json()["variants"]] == [
+        "float32", "mixed_float16 + dynamic", "mixed_float16 + dynamic + plan"]
+    report = wait_until(lambda: (c := client.get(f"/comparisons/{comparison_id}").json())["state"] == "done" and c,
+                        300, "the comparison to finish")
+    base, policy, planned = report["variants"]
+    assert [v["state"] for v in report["variants"]] == ["succeeded"] * 3, report["verdict"]
+    job = client.get(f"/jobs/{planned['job_id']}").json()
+    assert job["spec"]["plan"] == "auto" and job["summary"]["plan"]["layer_policies"] == {"loud": "float32",
+                                                                                       "quiet": "float32"}
+    assert client.get(f"/jobs/{policy['job_id']}").json()["summary"]["overflow_layer"] == "loud"
+    assert job["summary"]["overflow_layer"] is None and planned["underflow_layer"] is None
+    assert planned["speed"] is not None  # its own measurement against float32, pins included
+    sentence = report["verdict"].split("mixed_float16 + dynamic + plan (")[-1]
+    assert sentence.startswith("`loud`, `quiet` in float32; found at step 1): it removed the overflow at `loud`; "), \
+        report["verdict"]
+    assert "it matched float32 within" in sentence or "from float32's loss" in sentence
+    shown = cli(stack, "compare", "--show", comparison_id)
+    assert shown.returncode in (0, 1), shown.stderr
+    assert "mixed_float16 + dynamic + plan" in shown.stdout

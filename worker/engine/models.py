@@ -273,3 +273,16 @@ def build_model(spec: JobSpec, *, on_cpu_tf: bool) -> BuiltModel:
         model, loss, loss_name, output_dtype=keras.backend.standardize_dtype(model.outputs[0].dtype),
         float32_layers=float32_layers, penalties=_float32_penalties(model),
     )
+
+
+def token_ids(model: keras.Model, spec: JobSpec) -> range | None:
+    """Synthetic token ids: below every Embedding's input_dim (nested ones' too), so each can take them, and
+    from 1 where one masks 0 (padding, which real ids have only at the ends); an .npz has its own."""
+    if spec.dataset.kind == "npz" or "int" not in str(model.inputs[0].dtype):
+        return None
+    embeddings = [layer for layer in all_layers(model) if isinstance(layer, keras.layers.Embedding)]
+    if embeddings:
+        stop = min(int(layer.input_dim) for layer in embeddings)
+        return range(1 if stop > 1 and any(layer.mask_zero for layer in embeddings) else 0, stop)
+    raise InvalidModel("model has integer inputs but no Embedding layer to size the synthetic token ids: add one, "
+                       "or train on your own ids (dataset.kind 'npz').")

@@ -21,7 +21,7 @@ import keras
 import numpy as np
 
 from app.core.config import Settings, get_settings
-from app.core.errors import Diverged, DomainError, InvalidModel, JobFailed, TimedOut
+from app.core.errors import Diverged, DomainError, JobFailed, TimedOut
 from mpjobs.contract.records import Summary
 from mpjobs.contract.spec import JobSpec, LossScaleMode, PrecisionPolicy
 from worker.callbacks.checkpointer import Checkpointer
@@ -34,8 +34,9 @@ from worker.engine.data import FIRST_SEGMENT_BYTES, data_use, hold_out, load_dat
 from worker.engine.devices import DeviceInfo, detect_device, distribution, slow_precision_message
 from worker.engine.failures import named_failure
 from worker.engine.memory import check_fits, release
-from worker.engine.models import BuiltModel, all_layers, build_model
+from worker.engine.models import BuiltModel, build_model, token_ids
 from worker.engine.optimizers import make_optimizer
+from worker.engine.planned import planned_spec
 from worker.engine.stopping import TimeLimit, phase, set_phase
 from worker.numerics.float32_check import Float32Check
 from worker.numerics.plan import pinned_builder
@@ -68,19 +69,6 @@ def spec_fingerprint(spec: JobSpec) -> str:
     """What a checkpoint must match to be resumed (the step count may grow)."""
     data = spec.model_dump(mode="json", exclude={"name": True, "training": {"steps"}})
     return hashlib.sha256(repr(sorted(data.items())).encode()).hexdigest()[:16]
-
-
-def _token_ids(model: keras.Model, spec: JobSpec) -> range | None:
-    """Synthetic token ids: below every Embedding's input_dim (nested ones' too), so each can take them, and
-    from 1 where one masks 0 (padding, which real ids have only at the ends); an .npz has its own."""
-    if spec.dataset.kind == "npz" or "int" not in str(model.inputs[0].dtype):
-        return None
-    embeddings = [layer for layer in all_layers(model) if isinstance(layer, keras.layers.Embedding)]
-    if embeddings:
-        stop = min(int(layer.input_dim) for layer in embeddings)
-        return range(1 if stop > 1 and any(layer.mask_zero for layer in embeddings) else 0, stop)
-    raise InvalidModel("model has integer inputs but no Embedding layer to size the synthetic token ids: add one, "
-                       "or train on your own ids (dataset.kind 'npz').")
 
 
 def run_job(
@@ -142,6 +130,9 @@ class Training:
         keras.backend.clear_session(free_memory=False)
         keras.utils.set_random_seed(t.seed)
         on_cpu_tf = device.kind == "cpu" and device.backend == "tensorflow"
+        spec, plan = planned_spec(spec, on_cpu_tf, settings)  # plan: "auto" (worker/engine/planned.py)
+        self.spec, t = spec, spec.training
+        keras.utils.set_random_seed(t.seed)  # the planned model's initial weights are the policy job's
         # Several devices: model, optimizer and metrics are built in the strategy's scope, so every
         # variable is mirrored; no XLA, which merge calls cannot run inside (worker/telemetry/replicas.py).
         strategy = distribution(t.devices)
@@ -162,7 +153,7 @@ class Training:
         set_phase("preparing the data")
         self.dataset = load_dataset(
             spec, tuple(model.input_shape[1:]), tuple(model.output_shape[1:]), built.loss_name,
-            settings.data_root, _token_ids(model, spec), settings.datasets_dir(),
+            settings.data_root, token_ids(model, spec), settings.datasets_dir(),
         )
         self.dataset, held = hold_out(spec, self.dataset, tuple(model.input_shape[1:]), settings.data_root,
                                       settings.datasets_dir())
@@ -186,6 +177,7 @@ class Training:
             checkpoint.restore(optimizer.variables, saved.optimizer_values)
             self.start, summary_state = saved.step, saved.summary_state
         self.builder = SummaryBuilder(context, summary_state)
+        self.builder.plan = plan
         self.builder.data_use = lambda done: data_use(self.dataset, held, done)
         self.writer = checkpoint.CheckpointWriter(out, resume.durable)
         self.last_saved = self.start

@@ -129,7 +129,7 @@ class Float32Check(keras.callbacks.Callback):
     def __init__(self, *, build_twin: Callable[[], keras.Model], loss: keras.losses.Loss, every: int,
                  start_step: int, batch_size: int, compute_dtype: str, mode: str,
                  need_advice: Callable[[], bool], on_error: Callable[[str], None] = lambda message: None,
-                 layer_every: int = 0, clock: Callable[[], float] = time.time,
+                 layer_every: int = 0, clock: Callable[[], float] = time.time, always_plan: bool = False,
                  build_pinned: Callable[[dict[str, str]], keras.Model] | None = None) -> None:
         super().__init__()
         self.on_error, self.clock = on_error, clock
@@ -148,7 +148,7 @@ class Float32Check(keras.callbacks.Callback):
         self._twin_grads: GradientFn | None = None
         self._scale_index: int | None = None
         self._recovery_tried = False
-        self.build_pinned, self._plan_tried = build_pinned, False
+        self.build_pinned, self._plan_tried, self.always_plan = build_pinned, False, always_plan
 
     def due(self, step: int) -> bool:
         return _due(self.every, step) or _due(self.layer_every, step)
@@ -230,7 +230,7 @@ class Float32Check(keras.callbacks.Callback):
             if result.underflow_layer is not None and reference is not None and not self._recovery_tried:
                 self._recovery_tried = True
                 result = self._layer_recovery(result, x, y, arrays)
-            flagged = result.underflow_layer is not None or result.overflow_layer is not None
+            flagged = result.underflow_layer is not None or result.overflow_layer is not None or self.always_plan
             if flagged and reference is not None and not self._plan_tried and self.build_pinned is not None:
                 self._plan_tried = True
                 result = result.model_copy(update={"plan": self._plan(result, x, y, reference, reference_signals)})

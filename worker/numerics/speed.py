@@ -234,8 +234,8 @@ def check_after_run(spec: JobSpec, device: DeviceInfo, settings: Settings, datas
     baseline times every other variant, on any device. A failed measurement only leaves
     the figures out: the job itself succeeded.
     """
-    if spec.speed_check is None:
-        own = device.kind == "cpu" and spec.precision_policy.compute_dtype != "float32"
+    if spec.speed_check is None:  # a plan variant times its planned model on any device: pins cost speed
+        own = (device.kind == "cpu" or spec.plan == "auto") and spec.precision_policy.compute_dtype != "float32"
         specs = [spec] if own else []
     else:
         specs = [variant_spec(spec, v) for v in spec.speed_check]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from mpjobs.contract.plan import PrecisionPlan
 from mpjobs.contract.records import (
     DataUse,
     Diagnosis,
@@ -95,6 +96,7 @@ class SummaryBuilder:
         self.validation = EvalRecord.model_validate(s["validation"]) if s.get("validation") else None
         """The latest evaluation on the held-out rows (worker/callbacks/evaluator.py), across a resume too."""
         self.data_use: Callable[[int], DataUse] | None = None
+        self.plan: PrecisionPlan | None = None  # `plan: "auto"`: derived again by every attempt, so not in `state`
         """What training does with the data, for a number of steps done (worker.engine.data.data_use)."""
 
     def state(self) -> dict[str, Any]:
@@ -298,5 +300,5 @@ class SummaryBuilder:
             overflow_step=self.overflow_layer[0] if self.overflow_layer else None,
             diagnoses=self.diagnoses(),
             validation=self.validation,
-            data=self.data_use(self.steps_done) if self.data_use else None,
+            data=self.data_use(self.steps_done) if self.data_use else None, plan=self.plan,
         )

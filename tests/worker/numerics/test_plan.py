@@ -134,3 +134,26 @@ def test_the_plan_is_the_one_the_construction_says_and_the_planned_step_matches_
     check = again.layer_checks[0]
     assert check.underflow_layer is None and check.overflow_layer is None, check
     assert ("model.get_layer(name).dtype_policy" in keras_lines(plan)) == bool(case["pins"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["overflow", "scale only"])
+def test_a_plan_auto_job_trains_with_the_plan_of_its_own_step_one(train: Train, settings: Settings, name: str) -> None:
+    """Item 4's engine: `plan: "auto"` finds the plan the policy's own job finds at step 1, and trains with it."""
+    case = CASES[name]
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.5, 1.5, (32, 8)).astype(np.float32)
+    y = rng.integers(0, 5, 32).astype(np.int32)
+    spec = npz_spec(settings, "auto", x, y, {"keras_json": build(case, "functional").to_json(), "loss": case["loss"]},
+                    precision_policy="mixed_float16", loss_scale=case["scale"], training={"steps": 2})
+    _, policy = train(spec)
+    result, planned = train(spec.model_copy(update={"plan": "auto"}))
+    plan = result.summary.plan
+    assert plan is not None and plan == policy.layer_checks[0].plan.model_copy(update={"evaluated": plan.evaluated})
+    assert list(plan.layer_policies) == case["pins"]
+    first = planned.layer_checks[0]  # the planned model's own check of the same step
+    assert first.underflow_layer is None and first.overflow_layer is None, first
+    assert result.summary.underflow_layer is None and result.summary.overflow_layer is None
+    assert planned.records[0].loss_scale == (plan.proposed_scale or plan.loss_scale)
+    dtypes = {layer.name: layer.activation_dtype for layer in first.layers}
+    assert all(dtypes[n] == "float32" for n in case["pins"])

@@ -20,7 +20,7 @@ The search, greedy:
    flagged, plus each layer's excess zeros above NOISE_FLOOR and the error beyond the bound:
    summing raw errors chases float16's rounding noise (about 5e-4) and pins the wrong layer.
    The search stops when a candidate holds, when no move lowers the badness, or after
-   MAX_CANDIDATES candidates.
+   MAX_CANDIDATES candidates or MAX_SECONDS.
 
 It sees one step: activations that overflow only on other data, or layers whose gradients
 underflow only later in training, are not in it (docs/numerics.md, "Precision plan").
@@ -29,6 +29,7 @@ underflow only later in training, are not in it (docs/numerics.md, "Precision pl
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,8 @@ from worker.numerics.scale_search import doublings
 
 MAX_CANDIDATES = 32
 """Candidate plans tried on one step, at most: each rebuilds and differentiates the model once."""
+MAX_SECONDS = 60.0
+"""The search's time on one step, at most: a large model takes seconds per candidate, and the job waits."""
 NOISE_FLOOR = 0.01
 """A layer's excess zeros below this share count for nothing in the badness: float16 rounding, not loss."""
 
@@ -77,11 +80,21 @@ class Candidate:
     """The whole gradient's excess zeros against float32."""
     rel_error: float | None
     """The whole gradient's relative L2 error against float32's; None when not finite."""
+    probed: frozenset[str] = frozenset()
+    """The layers a move may pin."""
 
     @property
     def flagged(self) -> list[str]:
         return [layer.name for layer in self.layers if not layer.grads_finite or signal_lost(layer)
                 or weights_lost(layer) or near_overflow(layer)]
+
+    @property
+    def off(self) -> list[str]:
+        """With no layer flagged, the layers whose gradients are furthest from float32's, beyond the bound: where
+        pins may bring the whole gradient within it (up to four, the furthest first)."""
+        far = [layer for layer in self.layers if layer.grad_rel_error is not None
+               and layer.grad_rel_error > PLAN_REL_ERROR and layer.name in self.probed]
+        return [layer.name for layer in sorted(far, key=lambda layer: -(layer.grad_rel_error or 0.0))][:4]
 
     @property
     def holds(self) -> bool:
@@ -104,8 +117,13 @@ class Candidates:
         self.reference, self.reference_signals = reference, reference_signals
         self.trainable = dict(zip([v.path for v in model.trainable_variables], values[0], strict=True))
         self.non_trainable = dict(zip([v.path for v in model.non_trainable_variables], values[1], strict=True))
-        self.evaluated = 0
+        self.evaluated, self.deadline = 0, time.monotonic() + MAX_SECONDS
         self._built: dict[frozenset[str], tuple[keras.Model, LayerProbe, Any]] = {}
+
+    @property
+    def exhausted(self) -> bool:
+        """MAX_CANDIDATES tried, or MAX_SECONDS spent."""
+        return self.evaluated >= MAX_CANDIDATES or time.monotonic() > self.deadline
 
     def __call__(self, pins: frozenset[str], scale: float) -> Candidate:
         self.evaluated += 1
@@ -126,7 +144,8 @@ class Candidates:
         norm = math.sqrt(float(np.dot(ref, ref)))
         rel = (math.sqrt(float(np.dot(flat - ref, flat - ref))) / norm
                if np.isfinite(flat).all() and norm > 0 else None)
-        return Candidate(pins, scale, measure(probe.groups, arrays), excess, rel)
+        names = frozenset(g.name for g in probe.groups if g.name != model.name)
+        return Candidate(pins, scale, measure(probe.groups, arrays), excess, rel, names)
 
 
 def _move(before: Candidate, after: Candidate, pinned: frozenset[str] = frozenset(),
@@ -156,6 +175,8 @@ def search(check: LayerCheck, policy: str, names: Sequence[str], evaluate: Candi
     best = start
     if not start.holds:  # 2. a loss scale alone
         for scale in doublings(check.loss_scale, cap):
+            if evaluate.exhausted:
+                break
             tried = evaluate(frozenset(), scale)
             if tried.badness < best.badness:
                 best = tried
@@ -164,10 +185,10 @@ def search(check: LayerCheck, policy: str, names: Sequence[str], evaluate: Candi
         if best is not start:
             moves.append(_move(start, best, scale=best.scale))
     current = best
-    while not current.holds and evaluate.evaluated < MAX_CANDIDATES:  # 3. pins, greedily
+    while not current.holds and not evaluate.exhausted:  # 3. pins, greedily
         options = []
-        for move in _moves(current.flagged, names, current.pins):
-            if evaluate.evaluated >= MAX_CANDIDATES:
+        for move in _moves(current.flagged or current.off, names, current.pins):
+            if evaluate.exhausted:
                 break
             options.append(evaluate(current.pins | move, current.scale))
         better = min(options, key=lambda c: (c.badness, len(c.pins)), default=None)
@@ -194,6 +215,7 @@ def _words(check: LayerCheck, plan: Candidate, start: Candidate, names: Sequence
     if plan.holds:
         return (f"With {what}, {at} no layer loses gradient values that float32 keeps, no activation nears "
                 f"overflow, and the gradient is within {plan.rel_error:.2%} of float32's.")
-    left = ", ".join(f"`{n}`" for n in plan.flagged) or "none"
-    return (f"No plan found that holds {at}: the best, {what or 'the step as it is'}, still flags {left}"
-            f"{'' if plan.rel_error is None else f' (gradient error {plan.rel_error:.2%} against float32)'}.")
+    error = "not finite" if plan.rel_error is None else f"{plan.rel_error:.2%} from float32's"
+    left = (f"still flags {', '.join(f'`{n}`' for n in plan.flagged)} (gradient {error})" if plan.flagged else
+            f"flags no layer, but the gradient is {error} (the bound is {PLAN_REL_ERROR:.0%})")
+    return f"No plan found that holds {at}: the best, {what or 'the step as it is'}, {left}."

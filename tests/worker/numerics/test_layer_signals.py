@@ -161,3 +161,24 @@ def test_zeros_float32_already_has_are_not_underflow(train: Train, settings: Set
         if name != "probs":  # as above
             assert got[name].signal_excess_zero_fraction == pytest.approx(0.0, abs=0.02), name
     assert check.underflow_layer is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_float32_job_measures_each_kinds_signal_as_a_gradient_tape_does(train: Train, settings: Settings,
+                                                                          kind: str) -> None:
+    """Under float32 (layer checks asked for by `layer_check_every`), every layer's signal zeros are float32's."""
+    make = KINDS[kind]
+    spec, x, y = job(settings, make, "float32")
+    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"layer_check_every": 1})})
+    model = built(make, "float32")
+    model.set_weights([w.astype(np.float32) for w in initial_weights(spec)])
+    full = tape_signals(model, x, y)
+    _, reporter = train(spec)
+    (check,) = reporter.layer_checks
+    got = {layer.name: layer for layer in check.layers}
+    for name, signal in full.items():
+        if name == "probs" and got[name].signal_values == 0:
+            continue  # the cross-entropy reads the softmax's logits: no gradient reaches `probs`, measured as none
+        assert got[name].signal_values == signal.size, (kind, name)
+        assert got[name].signal_zero_fraction == pytest.approx(np.mean(signal == 0), abs=1e-6), (kind, name)
+        assert got[name].signal_excess_zero_fraction is None  # no float32 reference under float32

@@ -157,3 +157,15 @@ def test_a_plan_auto_job_trains_with_the_plan_of_its_own_step_one(train: Train, 
     assert planned.records[0].loss_scale == (plan.proposed_scale or plan.loss_scale)
     dtypes = {layer.name: layer.activation_dtype for layer in first.layers}
     assert all(dtypes[n] == "float32" for n in case["pins"])
+
+
+def test_a_clean_step_gets_the_plan_that_says_nothing_is_needed(train: Train, settings: Settings) -> None:
+    """`plan: "auto"` on a model float16 handles as it is: no pins, no scale, and the plan says so."""
+    spec = JobSpec.model_validate({"model": {"name": "mlp", "input_dim": 8, "hidden_units": 8},
+                                   "precision_policy": "mixed_float16", "loss_scale": "dynamic", "plan": "auto",
+                                   "training": {"steps": 1}})
+    result, reporter = train(spec)
+    plan = result.summary.plan
+    assert plan is not None and plan.holds and plan.layer_policies == {} and plan.proposed_scale is None
+    assert plan.message == "Nothing needs pinning at step 1: the step matches float32 as it is."
+    assert [m.flagged for m in plan.moves] == [[]] and reporter.layer_checks[0].underflow_layer is None

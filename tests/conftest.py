@@ -29,6 +29,8 @@ SLOWEST_FIRST = (
     "tests/processes/test_crash.py",
     "tests/processes/test_resume_gaps.py",
     "tests/worker/numerics/test_numerics_architectures.py",
+    "tests/worker/numerics/test_plan.py",
+    "tests/processes/test_plan_http.py",
     "tests/processes/test_bench_engine.py",
     "tests/processes/test_fuzz.py",
     "tests/processes/test_retention.py",

@@ -89,7 +89,7 @@ def test_invalid_utf8_in_a_body_is_a_422(client: httpx.Client) -> None:
 
 JOB_ROUTES = [("GET", ""), ("DELETE", ""), ("GET", "/metrics"), ("GET", "/metrics?max_points=5"),
               ("GET", "/metrics/stream"), ("GET", "/metrics.csv"), ("GET", "/layers"),
-              ("GET", "/evaluations"), ("GET", "/artifacts/model.keras")]
+              ("GET", "/evaluations"), ("GET", "/plan"), ("GET", "/artifacts/model.keras")]
 """Every route under /jobs/{job_id} (app/api/routes/)."""
 
 

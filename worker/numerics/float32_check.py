@@ -124,6 +124,9 @@ class Float32Check(keras.callbacks.Callback):
         mode: the loss-scale mode ("none", "fixed", "dynamic").
         need_advice: whether a flagged check should still try a larger scale.
         on_error: told, in words, when a check fails; checks then stop and training goes on.
+        build_pinned: builds the job's model with some layers in float32 (worker/numerics/plan.py): with it,
+            the first layer check that flags a layer carries a precision plan; None, no plan.
+        always_plan: search for a plan on the first layer check even when it flags nothing (`plan: "auto"`).
     """
 
     def __init__(self, *, build_twin: Callable[[], keras.Model], loss: keras.losses.Loss, every: int,

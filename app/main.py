@@ -66,6 +66,8 @@ _STATUS: dict[type[DomainError], int] = {
     DatasetTooLarge: status.HTTP_413_CONTENT_TOO_LARGE,
     NotAnNpzBody: status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
 }
+REFUSED_WRITES = ("MISCONF", "NOREPLICAS")
+"""The error replies of a Redis that refuses writes until its operator acts (disk, replicas)."""
 RETRY_AFTER_S = 1
 """The Retry-After of a 503 that passes with time: Redis restarting, loading, failing over, or a key
 contended. Not of a full Redis (RedisFull): waiting alone frees nothing there."""
@@ -153,6 +155,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.warning("redis unavailable: %s", exc)
         return await domain_error(request, ServiceUnavailable(str(exc) or type(exc).__name__))
 
+    async def redis_refused(request: Request, exc: Exception) -> JSONResponse:
+        # MISCONF (Redis cannot write its snapshot or AOF to disk) and NOREPLICAS (too few replicas acknowledge)
+        # refuse every write until an operator acts: a 503 that says so, with no Retry-After, as for a full
+        # Redis. Any other error reply is our bug, raised on to be a 500.
+        if not str(exc).startswith(REFUSED_WRITES):
+            raise exc
+        log.error("redis refuses writes: %s", exc)
+        return JSONResponse({"detail": f"Redis refuses writes until its operator acts: {exc}"},
+                            status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
+
     async def redis_full(request: Request, exc: Exception) -> JSONResponse:
         log.warning("redis refused a write as out of memory: %s", exc)
         return await domain_error(request, await run_in_threadpool(request.app.state.memory.refused))
@@ -165,6 +177,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for unavailable in (*UNAVAILABLE, redis.WatchError):
         app.add_exception_handler(unavailable, redis_down)
     app.add_exception_handler(redis.exceptions.OutOfMemoryError, redis_full)
+    app.add_exception_handler(redis.ResponseError, redis_refused)
 
     return app
 

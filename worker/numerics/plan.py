@@ -127,11 +127,14 @@ class Candidates:
 
     def __call__(self, pins: frozenset[str], scale: float) -> Candidate:
         self.evaluated += 1
-        if pins not in self._built:
+        if pins in self._built:  # only the unpinned model is tried again (at each scale): the others once each
+            model, probe, fn = self._built[pins]
+        else:
             model = self.build(dict.fromkeys(sorted(pins), "float32"))
             probe = LayerProbe(model)
-            self._built[pins] = (model, probe, gradient_fn(model, self.loss, probe))
-        model, probe, fn = self._built[pins]
+            fn = gradient_fn(model, self.loss, probe)
+            if not pins:  # kept; a pinned copy is not, so a large model's 32 candidates are never held at once
+                self._built[pins] = (model, probe, fn)
         trainable = [ops.cast(self.trainable[v.path], v.dtype) for v in model.trainable_variables]
         non_trainable = [ops.cast(self.non_trainable[v.path], v.dtype) for v in model.non_trainable_variables]
         grads, stats, signals = fn(trainable, non_trainable, self.x, self.y, ops.convert_to_tensor(scale, "float32"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -12,6 +12,8 @@ MAX_STEPS = 10_000_000
 """The most steps a job trains: step numbers (a metrics page's `after`, Last-Event-ID) go up to it."""
 UNDERFLOW_CHECK_EVERY = 100
 """The float32 check's default interval: two extra gradient computations per 100 steps."""
+MAX_STEPS_PER_EXECUTION = 256
+"""The most steps one compiled call may run (worker/engine/stepper.py): a cancel waits at most one call."""
 MAX_DEVICES = 16
 """The most devices one job may train on: the most GPUs one host holds (worker/engine/devices.py)."""
 
@@ -32,6 +34,10 @@ class TrainingSpec(Strict):
     """Record every layer's gradient and activation numerics (GET /jobs/{id}/layers) at step 1 and
     every multiple of this step. None: on the float32 check's steps (`underflow_check_every`) under a
     float16/bfloat16 compute policy, and never under float32. 0 turns the layer checks off, at no cost."""
+    steps_per_execution: Annotated[Integer, Field(ge=1, le=MAX_STEPS_PER_EXECUTION)] | Literal["auto"] = "auto"
+    """Steps per compiled call, each step's telemetry kept on the device and read once per call
+    (worker/engine/stepper.py). "auto": calls of about 20 ms, sized from the calls so far. The records
+    are the same at any setting; a call also ends early at a checkpoint, an evaluation or a check."""
     devices: Integer = Field(1, ge=1, le=MAX_DEVICES)
     """Train on this many devices of one worker with `tf.distribute.MirroredStrategy`, each replica
     taking `batch_size / devices` rows of every step. Queued only to workers with that many devices."""

@@ -23,7 +23,8 @@ class Checkpointer(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         step = self.recorder.step
-        due = step % self.every == 0 or self.clock() - self.saved_at >= self.interval_s
+        ran = len(self.recorder.latest_steps) or 1  # a call of several steps ends at its checkpoint step
+        due = step // self.every > (step - ran) // self.every or self.clock() - self.saved_at >= self.interval_s
         if due and not self.model.stop_training:  # the divergence guard stops first
             self.recorder.publish()
             self.save(step)

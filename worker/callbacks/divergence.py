@@ -18,7 +18,11 @@ DIVERGENCE_PATIENCE = 10
 
 class DivergenceGuard(keras.callbacks.Callback):
     """After the recorder, each step: stop training once the run has diverged (as `TerminateOnNaN`,
-    but it knows loss scaling: a scaled run may skip a non-finite step, an unscaled one may not)."""
+    but it knows loss scaling: a scaled run may skip a non-finite step, an unscaled one may not).
+
+    A call of several steps is judged step by step: the run fails at the exact step, and the steps the
+    call ran after it are dropped (no record, no checkpoint: the last good checkpoint is kept). It also
+    lets the recorder publish, so no record past a divergence is ever reported."""
 
     def __init__(self, recorder: StepRecorder, summary: SummaryBuilder) -> None:
         super().__init__()
@@ -29,15 +33,18 @@ class DivergenceGuard(keras.callbacks.Callback):
         self._dynamic = summary.context.loss_scale_mode is LossScaleMode.DYNAMIC
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        raw = self.recorder.latest
-        if raw is None or self.failure is not None:
-            return
-        message = self._why(raw.step, raw.loss, raw.telemetry.loss_scale, bool(raw.telemetry.grads_finite),
-                            bool(raw.telemetry.skipped))
-        if message is not None:
-            self.builder.mark_diverged(raw.step, message)
-            self.failure = Diverged(message)
-            self.model.stop_training = True
+        """Judge each step of the call in order; a failure drops the steps the call ran after it."""
+        for raw in list(self.recorder.latest_steps):
+            if self.failure is not None:
+                break
+            message = self._why(raw.step, raw.loss, raw.telemetry.loss_scale, bool(raw.telemetry.grads_finite),
+                                bool(raw.telemetry.skipped))
+            if message is not None:
+                self.recorder.truncate(raw.step)
+                self.builder.mark_diverged(raw.step, message)
+                self.failure = Diverged(message)
+                self.model.stop_training = True
+        self.recorder.maybe_publish()
 
     def _why(self, step: int, loss: float, scale: float, finite: bool, skipped: bool) -> str | None:
         loss_finite = math.isfinite(loss)

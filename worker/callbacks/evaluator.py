@@ -23,6 +23,7 @@ from worker.engine.data import HeldOut
 from worker.numerics.summary import SummaryBuilder
 from worker.telemetry.batch_loss import compiled_loss
 from worker.telemetry.reporters import Reporter
+from worker.telemetry.step_vector import CALL_STEPS_KEY
 
 FINAL_FILE = Path("evaluation") / "final.npz"
 """Under the job's folder: the final evaluation's `rows`, per-example `loss` and (for a class loss) `correct`."""
@@ -71,8 +72,9 @@ class Evaluator(keras.callbacks.Callback):
         """The latest evaluation of this attempt, with its per-example loss and correctness."""
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self.step += 1
-        if self.every and self.step % self.every == 0:
+        ran = int((logs or {}).get(CALL_STEPS_KEY, 1))  # a call of several steps ends at its evaluation step
+        self.step += ran
+        if self.every and self.step // self.every > (self.step - ran) // self.every:
             self.evaluate(self.step)
 
     def evaluate(self, step: int) -> EvalRecord:

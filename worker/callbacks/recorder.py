@@ -1,5 +1,8 @@
 """The step recorder: each optimizer step's numbers into one `StepRecord`, handed to the reporter in batches.
 
+A call may run several steps (worker/engine/stepper.py): its logs then carry one telemetry row per
+step, and each step gets its own record, timed as the call's seconds shared evenly.
+
 Between two steps the training thread only keeps the step's raw numbers. The
 records are built when a batch is handed to the reporter: on a small model a
 step takes about a millisecond, and work between steps delays the next one by
@@ -35,9 +38,9 @@ class RawStep:
     loss: float
     telemetry: Telemetry
     seconds: float
-    """From `on_train_batch_begin` to `on_train_batch_end`."""
+    """From `on_train_batch_begin` to `on_train_batch_end`, over the steps of the call."""
     time: float
-    """Unix time at its end."""
+    """Unix time at its end (inside a call of several steps: the call's end, less the later steps' share)."""
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -88,15 +91,17 @@ class StepRecorder(keras.callbacks.Callback):
         self.pending_since = 0.0
         self.latest: RawStep | None = None
         """The step that just ended, for the callbacks after this one."""
+        self.latest_steps: list[RawStep] = []
+        """Every step of the call that just ended, in order (one under `fit`)."""
         self._t0 = 0.0
         self._telemetry_index: int | None = None
 
-    def _read(self, logs: dict[str, Any]) -> tuple[float, Telemetry]:
-        """(the batch's data loss, the optimizer's telemetry)."""
+    def _read(self, logs: dict[str, Any]) -> list[tuple[float, Telemetry]]:
+        """(the batch's data loss, the optimizer's telemetry) of each step of the call."""
         if TELEMETRY_LOG_KEY in logs:
-            values: list[float] = np.asarray(logs[TELEMETRY_LOG_KEY]).tolist()
-            return values[0], Telemetry(*values[1:])
-        return float(logs["batch_loss"]), Telemetry(*self._read_optimizer())
+            rows: list[list[float]] = np.atleast_2d(np.asarray(logs[TELEMETRY_LOG_KEY])).tolist()
+            return [(row[0], Telemetry(*row[1:])) for row in rows]
+        return [(float(logs["batch_loss"]), Telemetry(*self._read_optimizer()))]
 
     def _read_optimizer(self) -> list[float]:
         optimizer: TelemetryOptimizer = self.model.optimizer
@@ -114,13 +119,28 @@ class StepRecorder(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         elapsed = time.perf_counter() - self._t0
         now = self.clock()
-        self.step += 1
-        loss, telemetry = self._read(logs or {})
+        rows = self._read(logs or {})
         if not self.pending:
             self.pending_since = now
-        self.latest = RawStep(self.step, loss, telemetry, elapsed, now)
-        self.pending.append(self.latest)
-        if len(self.pending) >= self.report_max_records or now - self.pending_since >= self.report_interval_s:
+        share = elapsed / len(rows)
+        self.latest_steps = []
+        for i, (loss, telemetry) in enumerate(rows):
+            self.step += 1
+            self.latest_steps.append(RawStep(self.step, loss, telemetry, share, now - (len(rows) - 1 - i) * share))
+        self.latest = self.latest_steps[-1]
+        self.pending.extend(self.latest_steps)
+
+    def truncate(self, step: int) -> None:
+        """Forget the steps after `step` (a call ran on past the step that diverged): they never happened."""
+        self.pending = [raw for raw in self.pending if raw.step <= step]
+        self.latest_steps = [raw for raw in self.latest_steps if raw.step <= step]
+        self.latest = self.latest_steps[-1] if self.latest_steps else None
+        self.step = min(self.step, step)
+
+    def maybe_publish(self) -> None:
+        """Publish once enough steps or seconds have gathered (after the divergence guard judged them)."""
+        if self.pending and (len(self.pending) >= self.report_max_records
+                             or self.clock() - self.pending_since >= self.report_interval_s):
             self.publish()
 
     def _records(self) -> list[StepRecord]:

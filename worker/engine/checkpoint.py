@@ -15,6 +15,7 @@ its AOF to have it on disk) and the newest KEEP_DURABLE at or below it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -29,6 +30,7 @@ import numpy as np
 
 from app.core.config import MODEL_ARTIFACT
 from app.core.errors import JobFailed
+from mpjobs.contract.spec import JobSpec
 from worker.engine.takeaway import portable_copy
 from worker.telemetry.optimizer import TelemetryOptimizer
 
@@ -202,3 +204,9 @@ def save_model(model: keras.Model, optimizer: TelemetryOptimizer, out: Path) -> 
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def spec_fingerprint(spec: JobSpec) -> str:
+    """What a checkpoint must match to be resumed (the step count may grow; steps per call change no number)."""
+    data = spec.model_dump(mode="json", exclude={"name": True, "training": {"steps", "steps_per_execution"}})
+    return hashlib.sha256(repr(sorted(data.items())).encode()).hexdigest()[:16]

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from worker.callbacks.evaluator import Evaluator
 from worker.callbacks.recorder import StepRecorder
 from worker.callbacks.stop_control import StopControl
 from worker.engine import checkpoint
+from worker.engine.checkpoint import spec_fingerprint
 from worker.engine.data import FIRST_SEGMENT_BYTES, data_use, hold_out, load_dataset
 from worker.engine.devices import DeviceInfo, detect_device, distribution, slow_precision_message
 from worker.engine.failures import named_failure
@@ -37,6 +37,7 @@ from worker.engine.memory import check_fits, release
 from worker.engine.models import BuiltModel, build_model, token_ids
 from worker.engine.optimizers import make_optimizer
 from worker.engine.planned import planned_spec
+from worker.engine.stepper import Calls
 from worker.engine.stopping import TimeLimit, phase, set_phase
 from worker.numerics.float32_check import Float32Check
 from worker.numerics.plan import pinned_builder
@@ -63,12 +64,6 @@ class RunResult:
 
 def never() -> bool:
     return False
-
-
-def spec_fingerprint(spec: JobSpec) -> str:
-    """What a checkpoint must match to be resumed (the step count may grow)."""
-    data = spec.model_dump(mode="json", exclude={"name": True, "training": {"steps"}})
-    return hashlib.sha256(repr(sorted(data.items())).encode()).hexdigest()[:16]
 
 
 def run_job(
@@ -211,6 +206,15 @@ class Training:
         saver = Checkpointer(self.recorder, t.checkpoint_every, self.save_checkpoint, settings.checkpoint_interval_s)
         self.callbacks: list[keras.callbacks.Callback] = [
             self.recorder, self.divergence, *([self.evaluator] if self.evaluator else []), saver, self.stop]
+        # Several steps per compiled call on one TensorFlow device (worker/engine/stepper.py); else `fit`'s calls.
+        self.calls = (Calls(model, t.batch_size, t.steps_per_execution, self._must_end)
+                      if keras.backend.backend() == "tensorflow" and strategy is None else None)
+
+    def _must_end(self, step: int) -> bool:
+        """Whether a call must end after `step`: a checkpoint, an evaluation, or a check at the next step."""
+        every = self.spec.training.checkpoint_every
+        evaluate = self.evaluator is not None and self.evaluator.every > 0 and step % self.evaluator.every == 0
+        return step % every == 0 or evaluate or (self.check is not None and self.check.due(step + 1))
 
     def run(self) -> RunResult:
         """Every segment through `fit` until one says stop, then `finish`: what `run_job` does."""
@@ -235,8 +239,11 @@ class Training:
         if self.check is not None:  # first, so that its time is not the step's
             self.check.segment = (x, y)
             callbacks.insert(0, self.check)
-        self.model.fit(x, y, batch_size=self.spec.training.batch_size, epochs=1, shuffle=False, verbose=0,
-                       callbacks=callbacks)
+        if self.calls is not None:
+            self.calls.fit(x, y, self.recorder.step, callbacks)
+        else:
+            self.model.fit(x, y, batch_size=self.spec.training.batch_size, epochs=1, shuffle=False, verbose=0,
+                           callbacks=callbacks)
         return not (self.stop.stopped or self.stop.timed_out or self.divergence.failure is not None)
 
     def save_checkpoint(self, step: int) -> None:

@@ -50,6 +50,7 @@ from worker.numerics.layer_numerics import (
 from worker.numerics.plan import Candidates, search
 from worker.numerics.scale_search import doublings, how_to_scale, largest_scale, layer_recovery, power_of_two
 from worker.telemetry.optimizer import TelemetryOptimizer
+from worker.telemetry.step_vector import CALL_STEPS_KEY
 
 log = logging.getLogger(__name__)
 
@@ -157,18 +158,21 @@ class Float32Check(keras.callbacks.Callback):
         return _due(self.every, step) or _due(self.layer_every, step)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self.step += 1
-        if not self.due(self.step) or self.segment is None:
+        """Check the call's first step (`batch`: its index in the segment) when due; a call of several
+        steps (logs' CALL_STEPS_KEY) starts at its check step, and the steps after it are not due."""
+        step = self.step + 1
+        self.step += int((logs or {}).get(CALL_STEPS_KEY, 1))
+        if not self.due(step) or self.segment is None:
             return
         x, y = self.segment
         rows = slice(batch * self.batch_size, (batch + 1) * self.batch_size)
         try:
-            self.check(self.step, x[rows], y[rows])
+            self.check(step, x[rows], y[rows])
         except Exception as exc:  # a diagnostic: the job trains on without it, and says why
-            log.warning("the float32 check failed at step %d; no more checks this attempt", self.step, exc_info=True)
+            log.warning("the float32 check failed at step %d; no more checks this attempt", step, exc_info=True)
             what = "float32 check" if self.compare else "layer check"
             self.every = self.layer_every = 0
-            self.on_error(f"The {what} failed at step {self.step} and was turned off: "
+            self.on_error(f"The {what} failed at step {step} and was turned off: "
                           f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}")
 
     def _scale(self) -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 ZERO_COUNT_SPLIT = 2**24
+CALL_STEPS_KEY = "call_steps"
+"""The `logs` key that tells callbacks how many steps a call ran (1 when absent: `fit`'s calls)."""
 
 
 class Telemetry(NamedTuple):

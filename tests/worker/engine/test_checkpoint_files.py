@@ -77,6 +77,7 @@ def test_the_writer_prunes_by_what_is_durable_when_it_writes(tmp_path: Path) -> 
 class Recorder:
     def __init__(self) -> None:
         self.step, self.published = 0, 0
+        self.latest_steps: list[object] = []  # one step per call, as under `fit`
 
     def publish(self) -> None:
         self.published += 1

@@ -87,19 +87,22 @@ float16's 65504: under mixed_float16 with no scaling the gradients are inf, the 
     pytest.param("float32", NAN_INPUT, "loss", id="nan-loss"),
     pytest.param("mixed_float16", LABEL_PAST_FLOAT16, "gradients", id="inf-gradients"),
 ])
+@pytest.mark.parametrize("per_call", [1, 8])
 def test_an_unscaled_run_fails_at_the_step_of_its_first_non_finite_update(
-        settings: Settings, tmp_path: Path, policy: str, poison: tuple[float, float], what: str) -> None:
-    bad_step, every = 15, 5  # steps 11-14 train past the checkpoint of step 10; 15's is never written
+        settings: Settings, tmp_path: Path, policy: str, poison: tuple[float, float], what: str, per_call: int) -> None:
+    """At 8 steps per call, the calls are 1-8, 9-10 (ended by the checkpoint), 11-18: step 15 lies inside
+    one, which trains on past it; the run still fails at 15, with no record and no checkpoint after it."""
+    bad_step, every = 15, 10  # steps 11-14 train past the checkpoint of step 10; 15's is never written
     spec = spec_of(model={"keras_json": linear_model(), "loss": "mean_squared_error"}, precision_policy=policy,
                    loss_scale="none", dataset={"kind": "npz", "path": write_dataset(settings, "d.npz", 64,
                                                                                      {bad_step: poison})},
                    training={"steps": 40, "batch_size": 1, "optimizer": "sgd", "learning_rate": 0.01,
-                             "checkpoint_every": every, "underflow_check_every": 0})
+                             "checkpoint_every": every, "underflow_check_every": 0, "steps_per_execution": per_call})
     out = tmp_path / "run"
     failure, reporter = run_to_failure(spec, settings, out)
     assert failure.reason is FailureReason.DIVERGED
     assert failure.message.startswith(f"At step {bad_step} the {what} became inf or NaN with no loss scaling")
-    assert failure.message.endswith(f"The last good checkpoint (step {bad_step - every}) is kept, "
+    assert failure.message.endswith(f"The last good checkpoint (step {every}) is kept, "
                                     "and model.keras holds its weights.")
     records = reporter.records
     assert [r.step for r in records] == list(range(1, bad_step + 1)), "no step after the failure"
@@ -108,10 +111,14 @@ def test_an_unscaled_run_fails_at_the_step_of_its_first_non_finite_update(
     assert not records[-1].skipped, "no loss scaling: the update was applied"
     assert [(d.first_step, d.message) for d in reporter.summaries[-1].diagnoses if d.code == "diverged"] == [
         (bad_step, failure.message.split(" The last good")[0])]
-    assert_model_file_is_the_checkpoint(out, bad_step - every)
+    assert reporter.summaries[-1].steps_done == bad_step
+    assert_model_file_is_the_checkpoint(out, every)
 
 
-def test_a_scaled_run_fails_on_its_tenth_non_finite_loss_in_a_row(settings: Settings, tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_call", [1, 8])
+def test_a_scaled_run_fails_on_its_tenth_non_finite_loss_in_a_row(
+        settings: Settings, tmp_path: Path, per_call: int) -> None:
+    """At 8 steps per call the skips at steps 3-11 and the failure at 22 fall inside calls (1-8, 9-16, 17-24)."""
     # Nine NaN losses in a row (steps 3-11), a good step, then NaN losses from step 13 on.
     first_run, second_run = range(3, 3 + PATIENCE - 1), range(13, 31)
     poison = {step: NAN_INPUT for step in [*first_run, *second_run]}
@@ -119,7 +126,7 @@ def test_a_scaled_run_fails_on_its_tenth_non_finite_loss_in_a_row(settings: Sett
                    precision_policy="mixed_float16", loss_scale={"mode": "fixed", "scale": 8},
                    dataset={"kind": "npz", "path": write_dataset(settings, "nan.npz", 64, poison)},
                    training={"steps": 40, "batch_size": 1, "optimizer": "sgd", "learning_rate": 0.01,
-                             "underflow_check_every": 0})
+                             "underflow_check_every": 0, "steps_per_execution": per_call})
     failure, reporter = run_to_failure(spec, settings, tmp_path / "run")
     fails_at = second_run[0] + PATIENCE - 1  # 22
     assert failure.reason is FailureReason.DIVERGED

@@ -15,19 +15,17 @@ is timed on its own, beside a steady check and a training step.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 
-from bench.engine_overhead import GOAL, PIECES, Engine, _per_step, _piece_ratios, take_turns  # noqa: E402
+from bench.engine_overhead import GOAL, PIECES, Engine, _per_step, _piece_ratios, session_kept, take_turns  # noqa: E402
 from bench.report import Row, cli  # noqa: E402
 from mpjobs.contract.spec import JobSpec
 from mpjobs.contract.training_spec import UNDERFLOW_CHECK_EVERY
@@ -48,18 +46,6 @@ def spec(steps: int, every: int, layer_every: int | None = 0) -> JobSpec:
                      "layer_check_every": layer_every},
         "dataset": {"samples": 4096},
     })
-
-
-@contextlib.contextmanager
-def session_kept() -> Iterator[None]:
-    """Build another engine without clearing the session: a model built before another's clear_session()
-    trains measurably slower (bench.engine_overhead), and every side must train as built (bench.peers too)."""
-    clear = keras.backend.clear_session
-    keras.backend.clear_session = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        keras.backend.clear_session = clear
 
 
 def sides(steps: int, out: Path, layers: bool) -> tuple[Engine, Engine]:

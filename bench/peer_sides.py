@@ -26,8 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 
-from bench.engine_overhead import PIECES, Bare, Engine  # noqa: E402
-from bench.float32_check import session_kept  # noqa: E402
+from bench.engine_overhead import PIECES, Bare, Engine, session_kept  # noqa: E402
 from mpjobs.contract.spec import JobSpec  # noqa: E402
 from worker.telemetry.step_vector import TELEMETRY_FIELDS  # noqa: E402
 

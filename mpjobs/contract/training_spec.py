@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import json
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, ValidationInfo, model_validator
 
 from mpjobs.contract.strict import Integer, Number, Strict
 
@@ -14,6 +15,21 @@ UNDERFLOW_CHECK_EVERY = 100
 """The float32 check's default interval: two extra gradient computations per 100 steps."""
 MAX_STEPS_PER_EXECUTION = 256
 """The most steps one compiled call may run (worker/engine/stepper.py): a cancel waits at most one call."""
+
+
+def _steps_per_call(value: Any, info: ValidationInfo) -> Any:
+    """"auto", or a whole number of steps from 1 to MAX_STEPS_PER_EXECUTION (`8.0` too; never `"8"` or `true`)."""
+    if value == "auto":
+        return value
+    whole = isinstance(value, int | float) and not isinstance(value, bool) and float(value).is_integer()
+    if not whole or not 1 <= value <= MAX_STEPS_PER_EXECUTION:
+        shown = (json.dumps(value) if isinstance(value, bool | str | int | float | list | None) else repr(value))[:100]
+        raise ValueError(f'Expected {info.field_name} to be "auto" or a whole number of steps from 1 to '
+                         f"{MAX_STEPS_PER_EXECUTION}. Received: {info.field_name}={shown}")
+    return int(value)
+
+
+StepsPerCall = Annotated[int | Literal["auto"], BeforeValidator(_steps_per_call)]
 MAX_DEVICES = 16
 """The most devices one job may train on: the most GPUs one host holds (worker/engine/devices.py)."""
 
@@ -34,7 +50,7 @@ class TrainingSpec(Strict):
     """Record every layer's gradient and activation numerics (GET /jobs/{id}/layers) at step 1 and
     every multiple of this step. None: on the float32 check's steps (`underflow_check_every`) under a
     float16/bfloat16 compute policy, and never under float32. 0 turns the layer checks off, at no cost."""
-    steps_per_execution: Annotated[Integer, Field(ge=1, le=MAX_STEPS_PER_EXECUTION)] | Literal["auto"] = "auto"
+    steps_per_execution: StepsPerCall = "auto"
     """Steps per compiled call, each step's telemetry kept on the device and read once per call
     (worker/engine/stepper.py). "auto": calls of about 20 ms, sized from the calls so far. The records
     are the same at any setting; a call also ends early at a checkpoint, an evaluation or a check."""

@@ -32,11 +32,12 @@ SHORT = {"plain": 10}
 TRAINING = {"steps": STEPS, "batch_size": 16, "optimizer": "adam", "learning_rate": 0.01, "checkpoint_every": 10}
 
 
-def spec(name: str, devices: int, steps: int = STEPS) -> Any:
+def spec(name: str, devices: int, steps: int = STEPS, per_call: int = 1) -> Any:
     from mpjobs.contract.spec import JobSpec
 
-    return JobSpec.model_validate({"model": {"name": "mlp"}, "dataset": {"samples": 64},
-                                   "training": {**TRAINING, "steps": steps, "devices": devices}, **SPECS[name]})
+    return JobSpec.model_validate({"model": {"name": "mlp"}, "dataset": {"samples": 64}, **SPECS[name],
+                                   "training": {**TRAINING, "steps": steps, "devices": devices,
+                                                "steps_per_execution": per_call}})
 
 
 def tape_grad_norm(settings: Any) -> float:
@@ -85,6 +86,10 @@ def main(out: Path) -> None:
         run_job(spec("overflow", 2, steps), reporter=reporter, checkpoint_dir=resumed, settings=settings)
         records += [r.model_dump(mode="json") for r in reporter.records]
     results["overflow/2/resumed"] = records
+    # Eight steps per call on two replicas: the skips fall inside calls (1-8, 9-10, 11-18, ...).
+    reporter = ListReporter()
+    run_job(spec("overflow", 2, per_call=8), reporter=reporter, checkpoint_dir=work / "per_call", settings=settings)
+    results["overflow/2/per_call_8"] = [r.model_dump(mode="json") for r in reporter.records]
     out.write_text(json.dumps(results))
 
 

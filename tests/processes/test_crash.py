@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from app.core.config import Settings
-from scripts.stack import Stack, freeze_mid_run, private_stack, wait_until
+from scripts.stack import Stack, freeze_mid_run, private_stack, stopped, wait_until
 
 LEASE_S, REAP_INTERVAL_S = 3.0, 1.0
 DETECTION_BUDGET_S = 120
@@ -164,3 +164,28 @@ def test_whole_worker_killed_then_a_new_worker_finishes_the_job(crash_stack: Sta
         assert requeued is not None
         took = at(requeued) - max(killed_at, registered - LEASE_S)
         assert took <= requeue_bound_s(LEASE_S, REAP_INTERVAL_S), f"requeued {took:.2f} s after it could be"
+
+
+def test_a_worker_killed_inside_a_call_of_several_steps_resumes_with_each_step_once(
+        crash_stack: Stack, tmp_path: Any) -> None:
+    """16 steps per call: the worker is SIGKILLed inside a call past step 50 (it stops itself there,
+    tests/processes/stop_mid_call.py), whose steps were trained on the device but never recorded. The
+    next attempt resumes from the checkpoint of step 40 and records every step once."""
+    keep_workers(crash_stack, 0)
+    mark = tmp_path / "stopped"
+    stopping = crash_stack.start_worker("tests.processes.stop_mid_call", STOP_MARK=str(mark), STOP_PAST_STEP="50")
+    spec = {**SPEC, "training": {**SPEC["training"], "checkpoint_every": 40, "steps_per_execution": 16}}
+    with crash_stack.client() as client:
+        job_id = client.post("/jobs", json=spec).json()["id"]
+        wait_until(mark.exists, 120, "the worker to stop inside a call")
+        before, steps = map(int, mark.read_text().split())
+        assert steps > 1 and before >= 50
+        wait_until(lambda: stopped(stopping.pid), 10, "the worker to be stopped")
+        recorded = [p["step"] for p in all_points(client, job_id)]
+        assert recorded == list(range(1, len(recorded) + 1)) and len(recorded) <= before, "nothing of the call"
+        os.killpg(stopping.pid, signal.SIGKILL)
+        stopping.wait(10)
+        crash_stack.start_worker()
+        job = crash_stack.wait_for_state(client, job_id, {"succeeded", "failed", "canceled"}, timeout=180)
+        assert_resumed_once(client, job_id, job)
+        assert "resuming from step 40" in job["transitions"][3]["message"]

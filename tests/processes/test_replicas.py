@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from scripts.stack import ROOT
+from tests.processes.replica_runs import STEPS
 
 REPO = ROOT
 COMPARED = ("loss", "grad_norm", "zero_grad_fraction")
@@ -92,3 +93,12 @@ def test_a_two_device_job_resumes_from_its_checkpoint(runs: dict[str, Any]) -> N
     assert [r["step"] for r in resumed] == [r["step"] for r in whole]
     for a, b in zip(whole, resumed, strict=True):
         assert {k: a[k] for k in (*EXACT, *COMPARED)} == {k: b[k] for k in (*EXACT, *COMPARED)}
+
+
+def test_two_replicas_at_eight_steps_per_call_report_what_one_step_per_call_does(runs: dict[str, Any]) -> None:
+    one_per_call, eight_per_call = runs["overflow/2"], runs["overflow/2/per_call_8"]
+    timing = {"time", "step_time_ms", "examples_per_sec"}
+    assert [r["step"] for r in eight_per_call] == list(range(1, STEPS + 1))
+    assert any(r["skipped"] for r in eight_per_call[1:7]), "skips inside the first call"
+    assert ([{k: v for k, v in r.items() if k not in timing} for r in eight_per_call]
+            == [{k: v for k, v in r.items() if k not in timing} for r in one_per_call])

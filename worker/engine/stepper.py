@@ -93,17 +93,20 @@ class Stepper:
         if model.jit_compile:  # as fit compiles one step: XLA inside, the loop outside
             step = tf.function(step, jit_compile=True, reduce_retracing=True)
 
-        def run(xs: Any, ys: Any) -> Any:
+        @tf.autograph.experimental.do_not_convert  # as `fit`'s functions: errors raised while tracing stay as raised
+        def steps_on_data(xs: Any, ys: Any) -> Any:
+            def body(i: Any, rows: Any) -> Any:
+                logs = step((xs[i], ys[i]))
+                return i + 1, rows.write(i, tf.cast(logs[TELEMETRY_LOG_KEY], tf.float32))
+
             count = tf.shape(xs)[0]
             rows = tf.TensorArray(tf.float32, size=count)
-            for i in tf.range(count):
-                logs = step((xs[i], ys[i]))
-                rows = rows.write(i, tf.cast(logs[TELEMETRY_LOG_KEY], tf.float32))
+            _, rows = tf.while_loop(lambda i, rows: i < count, body, [tf.constant(0), rows])
             return rows.stack()
 
         signature = [tf.TensorSpec((None, self.batch_size, *x.shape[1:]), tf.as_dtype(x.dtype)),
                      tf.TensorSpec((None, self.batch_size, *y.shape[1:]), tf.as_dtype(y.dtype))]
-        return tf.function(run, input_signature=signature)
+        return tf.function(steps_on_data, input_signature=signature)
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Train one step per batch of (x, y): the (steps, 1 + telemetry fields) rows, read once."""
@@ -113,6 +116,100 @@ class Stepper:
         xs = x[: steps * bs].reshape(steps, bs, *x.shape[1:])
         ys = y[: steps * bs].reshape(steps, bs, *y.shape[1:])
         return np.asarray(self._function(xs, ys))
+
+
+class MirroredStepper:
+    """`Stepper` under a `tf.distribute` strategy: each step runs on every replica through `strategy.run`,
+    as `fit` runs it, each replica taking its consecutive share of the step's rows (as a distributed
+    dataset splits a batch); a step's row is reduced across replicas as `fit` reduces its logs."""
+
+    def __init__(self, model: keras.Model, batch_size: int, strategy: Any) -> None:
+        import tensorflow as tf
+        from keras.src.backend.tensorflow.trainer import reduce_per_replica  # how `fit` reduces logs; not exported
+
+        self.model, self.batch_size, self.strategy, self._tf = model, batch_size, strategy, tf
+        self.share = batch_size // strategy.num_replicas_in_sync
+        step = model.train_step
+
+        @tf.autograph.experimental.do_not_convert
+        def steps_on_data(xs: Any, ys: Any, count: Any) -> Any:
+            def body(i: Any, rows: Any) -> Any:
+                logs = strategy.run(lambda x, y, i: step((x[i], y[i])), args=(xs, ys, i))
+                row = reduce_per_replica(logs[TELEMETRY_LOG_KEY], strategy, reduction="auto")
+                return i + 1, rows.write(i, tf.cast(row, tf.float32))
+
+            rows = tf.TensorArray(tf.float32, size=count)
+            _, rows = tf.while_loop(lambda i, rows: i < count, body, [tf.constant(0), rows])
+            return rows.stack()
+
+        self._function = tf.function(steps_on_data, reduce_retracing=True)
+
+    def _per_replica(self, values: np.ndarray) -> Any:
+        share = self.share
+        return self.strategy.experimental_distribute_values_from_function(
+            lambda context: values[:, context.replica_id_in_sync_group * share:][:, :share])
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        steps, bs = len(x) // self.batch_size, self.batch_size
+        xs = x[: steps * bs].reshape(steps, bs, *x.shape[1:])
+        ys = y[: steps * bs].reshape(steps, bs, *y.shape[1:])
+        count = self._tf.constant(steps)
+        return np.asarray(self._function(self._per_replica(xs), self._per_replica(ys), count))
+
+
+class JaxStepper:
+    """`Stepper` under JAX: a `lax.scan` over the trainer's stateless `train_step`, its rows the scan's output.
+
+    The scan has a fixed length, the power of two at or above the most steps a call may run, and a
+    step past the call's count passes the state through untouched (`lax.cond`): a call that ends
+    early compiles nothing new. The state is the trainer's own (`_jax_state`), as `fit` keeps it,
+    so the engine's callbacks read and sync it as they do under `fit`.
+    """
+
+    KEYS = ("trainable_variables", "non_trainable_variables", "optimizer_variables", "metrics_variables")
+
+    def __init__(self, model: keras.Model, batch_size: int, most: Callable[[], int]) -> None:
+        import jax
+
+        self.model, self.batch_size, self.most, self._jax = model, batch_size, most, jax
+        paths = [v.path for v in model.optimizer.variables]
+        self.index = paths.index(model.optimizer.telemetry.path)
+        self.width = 1 + int(model.optimizer.telemetry.shape[0])
+        self._function = jax.jit(self._run, donate_argnums=0)
+
+    def _run(self, state: Any, xs: Any, ys: Any, count: Any) -> Any:
+        jax, jnp, model, index, width = self._jax, self._jax.numpy, self.model, self.index, self.width
+
+        def body(state: Any, item: Any) -> Any:
+            i, x, y = item
+
+            def step(state: Any) -> Any:
+                logs, state = model.train_step(state, (x, y))
+                loss = jnp.reshape(logs["batch_loss"], (1,)).astype("float32")
+                return tuple(state), jnp.concatenate([loss, state[2][index].astype("float32")])
+
+            return jax.lax.cond(i < count, step, lambda state: (state, jnp.zeros((width,), "float32")), state)
+
+        return jax.lax.scan(body, tuple(state), (jnp.arange(xs.shape[0]), xs, ys))
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        model, bs = self.model, self.batch_size
+        steps = len(x) // bs
+        length = 1 << max(0, (max(steps, self.most()) - 1).bit_length())
+        xs = np.zeros((length, bs, *x.shape[1:]), x.dtype)
+        ys = np.zeros((length, bs, *y.shape[1:]), y.dtype)
+        xs[:steps], ys[:steps] = x[: steps * bs].reshape(steps, bs, *x.shape[1:]), y[: steps * bs].reshape(
+            steps, bs, *y.shape[1:])
+        if getattr(model, "_jax_state_synced", True) or not getattr(model, "_jax_state", None):
+            model._symbolic_build(data_batch=(x[:bs], y[:bs]))  # as `fit` builds the compiled metrics first
+            state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True,
+                                         optimizer_variables=True, metrics_variables=True, purge_model_variables=True)
+            model._jax_state_synced = False
+        else:
+            state = tuple(model._jax_state[key] for key in self.KEYS)
+        state, rows = self._function(state, xs, ys, np.int32(steps))
+        model._jax_state = dict(zip(self.KEYS, state, strict=True))
+        return np.asarray(rows)[:steps]
 
 
 class Calls:
@@ -125,11 +222,13 @@ class Calls:
     """
 
     def __init__(self, model: keras.Model, batch_size: int, steps_per_execution: int | str,
-                 must_end: Callable[[int], bool]) -> None:
+                 must_end: Callable[[int], bool], strategy: Any = None) -> None:
         self.model, self.batch_size, self.must_end = model, batch_size, must_end
-        self.stepper = Stepper(model, batch_size)
         self.auto = AutoSize()
         self.fixed = None if steps_per_execution == "auto" else int(steps_per_execution)
+        self.stepper: Callable[[np.ndarray, np.ndarray], np.ndarray] = (
+            JaxStepper(model, batch_size, self.most) if keras.backend.backend() == "jax"
+            else MirroredStepper(model, batch_size, strategy) if strategy is not None else Stepper(model, batch_size))
         self.sizes: list[int] = []
         """Every call's steps, in order (the tests and the benchmarks read them)."""
 
@@ -156,4 +255,7 @@ class Calls:
                 callback.on_train_batch_end(index + k - 1, logs)
             index += k
             if model.stop_training:
-                return
+                break
+        sync = getattr(model, "jax_state_sync", None)
+        if sync is not None:  # as `fit` does at the end of its epoch: the variables hold the trained values
+            sync()

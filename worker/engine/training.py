@@ -206,9 +206,9 @@ class Training:
         saver = Checkpointer(self.recorder, t.checkpoint_every, self.save_checkpoint, settings.checkpoint_interval_s)
         self.callbacks: list[keras.callbacks.Callback] = [
             self.recorder, self.divergence, *([self.evaluator] if self.evaluator else []), saver, self.stop]
-        # Several steps per compiled call on one TensorFlow device (worker/engine/stepper.py); else `fit`'s calls.
-        self.calls = (Calls(model, t.batch_size, t.steps_per_execution, self._must_end)
-                      if keras.backend.backend() == "tensorflow" and strategy is None else None)
+        # Several steps per compiled call (worker/engine/stepper.py); `fit`'s calls on other backends.
+        self.calls = (Calls(model, t.batch_size, t.steps_per_execution, self._must_end, strategy)
+                      if keras.backend.backend() in ("tensorflow", "jax") else None)
 
     def _must_end(self, step: int) -> bool:
         """Whether a call must end after `step`: a checkpoint, an evaluation, or a check at the next step."""

@@ -321,7 +321,8 @@ NUMBER_FIELDS: list[tuple[str, str, Any, Any]] = [
 
 
 def number_fields_of(model: type[Any], seen: set[type[Any]] | None = None) -> set[tuple[str, str]]:
-    """(model, field) of every int and float field reachable from `model`, found by walking its annotations."""
+    """(model, field) of every int and float field reachable from `model`, found by walking its annotations;
+    not one that takes a word as well (`steps_per_execution`: "auto"), whose own test names both."""
     from typing import get_args
 
     from pydantic import BaseModel
@@ -337,7 +338,8 @@ def number_fields_of(model: type[Any], seen: set[type[Any]] | None = None) -> se
             kind = pending.pop()
             types.append(kind)
             pending.extend(get_args(kind))
-        if any(kind in (int, float, bool) for kind in types):
+        words = any(getattr(kind, "__origin__", None) is None and isinstance(kind, str) for kind in types)
+        if any(kind in (int, float, bool) for kind in types) and not words:
             found.add((model.__name__, name))
         for kind in types:
             if isinstance(kind, type) and issubclass(kind, BaseModel):

@@ -44,8 +44,11 @@ _, whole = run(resumable, Path(tempfile.mkdtemp()))
 out, calls = Path(tempfile.mkdtemp()), []
 _, part1 = run(resumable, out, lambda: calls.append(1) or len(calls) >= 11)
 _, part2 = run(resumable, out)
+# The overflowing run at one and at eight steps per call (its skips and a check step inside the first calls).
+per_call = {n: run({**overflow, "training": {"steps": 30, "steps_per_execution": n, "underflow_check_every": 10}},
+                   Path(tempfile.mkdtemp()))[1] for n in (1, 8)}
 json.dump({"records": records, "skipped": result.summary.skipped_steps, "backend": result.device.backend,
-           "whole": whole, "resumed": part1 + part2}, sys.stdout)
+           "whole": whole, "resumed": part1 + part2, "per_call": per_call}, sys.stdout)
 """
 
 
@@ -66,6 +69,12 @@ def test_engine_runs_and_resumes_under_jax() -> None:
     assert [r["step"] for r in resumed] == list(range(1, 25))
     assert [r["loss"] for r in resumed] == [r["loss"] for r in data["whole"]]
     assert [r["loss_scale"] for r in resumed] == [r["loss_scale"] for r in data["whole"]]
+    # Several steps per call under JAX (a lax.scan): the same records as one step per call, timing aside.
+    timing = {"time", "step_time_ms", "examples_per_sec"}
+    one, eight = ([{k: v for k, v in r.items() if k not in timing} for r in data["per_call"][n]] for n in ("1", "8"))
+    assert [r["step"] for r in eight] == list(range(1, 31)) and any(r["skipped"] for r in eight[1:7])
+    assert [r["step"] for r in eight if r["grad_rel_error"] is not None] == [1, 10, 20, 30]
+    assert eight == one
 
 
 AGREE_SCRIPT = """

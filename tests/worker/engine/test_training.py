@@ -240,13 +240,13 @@ def test_resume_continues_exactly_where_it_stopped(train: Train, tmp_path: Path)
     # growth_steps=7 makes the scale change across the stop, so its counter must be restored.
     spec = spec_of(precision_policy="mixed_float16",
                    loss_scale={"mode": "dynamic", "initial_scale": 256, "growth_steps": 7},
-                   training={"steps": 40, "checkpoint_every": 10}, dataset={"samples": 320})
+                   training={"steps": 40, "checkpoint_every": 10, "steps_per_execution": 1}, dataset={"samples": 320})
     _, whole = train(spec)
 
     out = tmp_path / "interrupted"
     stop_at, checks = 17, []
 
-    def should_stop() -> bool:  # Asked once after every step.
+    def should_stop() -> bool:  # Asked once after every call: here, every step.
         checks.append(True)
         return len(checks) >= stop_at
 

@@ -62,26 +62,32 @@ class Case:
     steps: int
     """Steps per run."""
     repeats: int
+    checks: bool = True
+    """Under a half-precision policy: the float32 and layer checks at their default interval, or none."""
 
     @property
     def label(self) -> str:
-        scale = " + dynamic, float32 check and layer checks every 100" if self.policy == "mixed_float16" else ""
-        return f"{self.model['name']} {self.policy}{scale}"
+        if self.policy != "mixed_float16":
+            return f"{self.model['name']} {self.policy}"
+        checks = "float32 check and layer checks every 100" if self.checks else "no float32 or layer checks"
+        return f"{self.model['name']} {self.policy} + dynamic, {checks}"
 
     batch_size = 32
 
-    def spec(self, checkpoint_every: int, steps: int | None = None) -> JobSpec:
+    def spec(self, checkpoint_every: int, steps: int | None = None, per_call: int | str = "auto") -> JobSpec:
         return JobSpec.model_validate({
             "model": self.model, "precision_policy": self.policy,
             "training": {"steps": steps or self.steps, "batch_size": self.batch_size,
-                         "checkpoint_every": checkpoint_every},
+                         "checkpoint_every": checkpoint_every, "steps_per_execution": per_call,
+                         **({} if self.checks else {"underflow_check_every": 0})},
             "dataset": {"samples": 4096},
         })
 
 
 CASES = [
-    Case({"name": "mlp"}, "float32", 3000, 7),
+    Case({"name": "mlp"}, "float32", 2000, 7),
     Case({"name": "mlp"}, "mixed_float16", 1500, 5),
+    Case({"name": "mlp"}, "mixed_float16", 1500, 5, checks=False),
     Case({"name": "cnn"}, "float32", 400, 5),
 ]
 
@@ -122,14 +128,20 @@ class Bare:
     and fit, with `callbacks` (none: bare; bench/peer_sides.py passes what users log with instead)."""
 
     def __init__(self, spec: JobSpec, callbacks: Sequence[keras.callbacks.Callback] = (),
-                 steps_per_execution: int = 1) -> None:
+                 steps_per_execution: int | None = None) -> None:
+        """`steps_per_execution`: by default the spec's, 1 where that is "auto"."""
         keras.utils.set_random_seed(spec.training.seed)
+        if steps_per_execution is None:
+            given = spec.training.steps_per_execution
+            steps_per_execution = given if isinstance(given, int) else 1
         self.callbacks = list(callbacks)
         built = build_model(spec, on_cpu_tf=True)
         self.model, self.batch_size = built.model, spec.training.batch_size
         self.model.compile(optimizer=keras.optimizers.Adam(spec.training.learning_rate), loss=built.loss,
                            steps_per_execution=steps_per_execution)
         self.pieces: list[list[float]] = []
+        self.calls = 0
+        """Calls made so far: what a callback that logs at each call's end logged."""
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> None:
         steps, calls, begun = len(x) // self.batch_size, [], [0.0]
@@ -144,6 +156,7 @@ class Bare:
         self.model.fit(x, y, batch_size=self.batch_size, epochs=1, shuffle=False, verbose=0,
                        callbacks=[*self.callbacks, clock])
         self.pieces.append(_spread(calls))
+        self.calls += len(calls)
 
 
 class Engine:
@@ -172,6 +185,17 @@ class Engine:
         times = [r.time for r in self.reporter.records]
         bounds = np.cumsum([0, *self.piece_steps])
         return [times[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def automatic_steps_per_call(case: Case) -> int:
+    """The steps per call the engine settles on for `case` after WARM_UP steps (in a throwaway engine)."""
+    with tempfile.TemporaryDirectory() as out:
+        engine = Engine(case.spec(WARM_UP, WARM_UP), Path(out))
+        (x, y), = engine.training.segments(SEGMENT_BYTES)
+        engine.fit(x, y)
+        per_call = engine.steps_per_call()
+        engine.finish()
+        return per_call
 
 
 def trio(case: Case, repeat: int) -> dict[str, list[list[float]]]:
@@ -203,8 +227,9 @@ def take_turns(a: Bare | Engine, b: Bare | Engine, x: np.ndarray, y: np.ndarray,
 
 
 def take_turns_all(sides: Sequence[Bare | Engine], x: np.ndarray, y: np.ndarray, repeat: int) -> None:
-    """Every side trains the same `PIECES` pieces of (x, y) in turn, the order rotated each piece."""
-    rows = len(x) // PIECES
+    """Every side trains the same `PIECES` pieces of (x, y) in turn, the order rotated each piece; a piece
+    is whole batches of `Case.batch_size` rows (the last takes the rest)."""
+    rows = len(x) // Case.batch_size // PIECES * Case.batch_size
     for piece in range(PIECES):
         part = slice(piece * rows, len(x) if piece == PIECES - 1 else (piece + 1) * rows)
         turn = (piece + repeat) % len(sides)

@@ -6,11 +6,16 @@ JAX it needs only keras, pydantic and pydantic-settings, and this repo's
 `app/`, `worker/` and `bench/` packages. Each model (transformer, cnn) trains
 under float32, mixed_float16 + dynamic loss scaling, and mixed_bfloat16.
 
-- **step time**: the interval between consecutive `StepRecord.time` stamps,
-  after the warm-up steps (the first step compiles). Each step ends with the
-  engine reading that step's telemetry on the host, so an interval is one whole
-  step, the engine's per-step work included. The measured steps of a run are
-  split into windows; a case's figure is the median of its window medians.
+- **steps per call**: every case runs at one step per call and at the engine's
+  automatic steps per call (`--per-call 1,auto`, worker/engine/stepper.py: calls
+  of about 20 ms, each step's telemetry kept on the device and read once per
+  call). The per-call row of the table sets the automatic setting against one
+  step per call for the same model and policy, round by round.
+- **step time**: after the warm-up steps (the first call compiles), the time
+  from a window's first step end to its last, over the steps between: a call's
+  steps end evenly across it, so a window spans whole calls, the engine's host
+  work per call included. The measured steps of a run are split into windows; a
+  case's figure is the median of its windows.
 - **examples/s**: batch size / step time.
 - **speedup**: float32's step time / the policy's, within one round (a round
   runs the three policies back to back), then the median over rounds.
@@ -91,11 +96,13 @@ if BACKEND == "jax":
     import jax
 
 from app.core.config import Settings  # noqa: E402
-from app.core.errors import JobFailed  # noqa: E402
+from app.core.errors import DomainError, JobFailed  # noqa: E402
 from bench.report import Row, median, table  # noqa: E402
 from mpjobs.contract.model_specs import CnnModel, TransformerModel  # noqa: E402
 from mpjobs.contract.spec import JobSpec  # noqa: E402
-from worker.engine.training import release_memory, run_job  # noqa: E402
+from worker.engine.devices import detect_device  # noqa: E402
+from worker.engine.failures import named_failure  # noqa: E402
+from worker.engine.training import Training, release_memory  # noqa: E402
 from worker.telemetry.reporters import ListReporter  # noqa: E402
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -115,11 +122,12 @@ class Model:
     def name(self) -> str:
         return str(self.model["name"])
 
-    def spec(self, policy: str, steps: int, devices: int = 1) -> JobSpec:
+    def spec(self, policy: str, steps: int, devices: int = 1, per_call: int | str = 1) -> JobSpec:
         batch = self.batch_size * devices  # each device gets the batch one device gets alone
         return JobSpec.model_validate({
             "model": self.model, "precision_policy": policy,
-            "training": {"steps": steps, "batch_size": batch, "checkpoint_every": 10_000_000, "devices": devices},
+            "training": {"steps": steps, "batch_size": batch, "checkpoint_every": 10_000_000, "devices": devices,
+                         "steps_per_execution": per_call},
             # Few samples: the data is built on the host, and a large set would only cost time.
             "dataset": {"samples": 2 * batch},
             # This benchmark times the steps itself; the service's after-run speed check (CPU only) is not its.
@@ -153,14 +161,16 @@ def flops_per_step(spec: JobSpec) -> float:
     raise ValueError(f"Expected a transformer or cnn model. Received: model={m!r}")
 
 
-def label(policy: str) -> str:
-    return "mixed_float16 + dynamic" if policy == "mixed_float16" else policy
+def label(policy: str, per_call: int | str = 1) -> str:
+    name = "mixed_float16 + dynamic" if policy == "mixed_float16" else policy
+    return f"{name}, {per_call} per call" if per_call != 1 else name
 
 
 @dataclass
 class Case:
     model: Model
     policy: str
+    per_call: int | str = 1
     runs: list[dict[str, Any]] = field(default_factory=list)
 
     def windows(self, round_: int | None = None) -> list[float]:
@@ -169,51 +179,60 @@ class Case:
 
 def run_once(spec: JobSpec, warmup: int, steps: int, windows: int, deadline: float, round_: int) -> dict[str, Any]:
     """Train `spec` for warmup + steps steps; the window medians of its step intervals, in ms."""
-    reporter, total, calls = ListReporter(), warmup + steps, 0
+    reporter, total, training = ListReporter(), warmup + steps, None
 
     def should_stop() -> bool:
-        # Stopping at the last step also skips saving model.keras, which costs
-        # seconds for the large models and measures nothing.
-        nonlocal calls
-        calls += 1
-        return calls >= total or time.monotonic() > deadline
+        # Stopping after the last step also skips saving model.keras, which costs
+        # seconds for the large models and measures nothing. Asked after each call.
+        return (training is not None and training.recorder.step >= total) or time.monotonic() > deadline
 
     begin, began_at, error, device = time.monotonic(), time.time(), None, None
+    settings = Settings(cpu_logical_devices=spec.training.devices)
+    found = detect_device(settings.cpu_logical_devices)
     with tempfile.TemporaryDirectory(prefix="gpu-speedup-") as checkpoint_dir:
-        try:
-            result = run_job(spec, reporter=reporter, checkpoint_dir=Path(checkpoint_dir), should_stop=should_stop,
-                             settings=Settings(cpu_logical_devices=spec.training.devices))
-            device = result.device.describe()
+        try:  # run_job's steps, with the Training at hand for should_stop
+            try:
+                training = Training(spec, reporter, Path(checkpoint_dir), should_stop, settings, found)
+                device = training.run().device.describe()
+            except DomainError:
+                raise
+            except Exception as exc:
+                raise named_failure(exc, spec.precision_policy.compute_dtype, found.backend, found.kind) from exc
         except JobFailed as exc:
             error = f"{type(exc).__name__}: {exc}"
         finally:
+            training = None
             release_memory()
-    records = reporter.records
-    intervals = [b.time - a.time for a, b in zip(records[warmup - 1:], records[warmup:], strict=False)]
-    n = len(intervals)
-    chunks = [intervals[i * n // windows:(i + 1) * n // windows] for i in range(windows)]
-    measured = records[warmup:]
+    records = reporter.records[warmup - 1:]  # from the end of the last warm-up step
+    n = len(records)
+    chunks = [records[i * (n - 1) // windows:(i + 1) * (n - 1) // windows + 1] for i in range(windows)]
+    measured = reporter.records[warmup:]
     return {
-        "round": round_, "windows_ms": [median(c) * 1e3 for c in chunks if c],
+        "round": round_, "windows_ms": [(c[-1].time - c[0].time) / (len(c) - 1) * 1e3 for c in chunks if len(c) > 1],
         "engine_step_time_ms": median(r.step_time_ms for r in measured) if measured else None,
-        "steps_done": len(records), "skipped_steps": sum(r.skipped for r in measured),
-        "setup_s": records[0].time - began_at if records else None, "wall_s": time.monotonic() - begin,
-        "stopped_by_budget": error is None and len(records) < total, "error": error, "device": device,
+        "steps_done": len(reporter.records), "skipped_steps": sum(r.skipped for r in measured),
+        "setup_s": reporter.records[0].time - began_at if reporter.records else None,
+        "wall_s": time.monotonic() - begin,
+        "stopped_by_budget": error is None and len(reporter.records) < total, "error": error, "device": device,
     }
 
 
-def summarize(case: Case, baseline: Case, peak_tflops: float) -> dict[str, Any]:
-    spec = case.model.spec(case.policy, 1, DEVICES)
+def summarize(case: Case, baseline: Case, one_per_call: Case, peak_tflops: float) -> dict[str, Any]:
+    """`baseline`: float32 at the same steps per call; `one_per_call`: the same model and policy at one."""
+    spec = case.model.spec(case.policy, 1, DEVICES, case.per_call)
     windows = case.windows()
     step_ms = median(windows) if windows else None
     ratios = [median(baseline.windows(r)) / median(case.windows(r))
               for r in sorted({run["round"] for run in case.runs}) if case.windows(r) and baseline.windows(r)]
     speedup = 1.0 if case is baseline and windows else (median(ratios) if ratios else None)
+    per_call = [median(one_per_call.windows(r)) / median(case.windows(r))
+                for r in sorted({run["round"] for run in case.runs}) if case.windows(r) and one_per_call.windows(r)]
     flops = flops_per_step(spec)
     tflops = flops / (step_ms / 1e3) / 1e12 if step_ms else None
-    has_goal = case.model.name == "transformer" and case.policy != "float32"
+    has_goal = case.model.name == "transformer" and case.policy != "float32" and case.per_call == 1
     return {
-        "model": case.model.name, "policy": case.policy, "label": label(case.policy),
+        "model": case.model.name, "policy": case.policy, "label": label(case.policy, case.per_call),
+        "per_call": case.per_call, "per_call_speedup": median(per_call) if per_call else None,
         "model_spec": spec.model.model_dump(), "batch_size": spec.training.batch_size, "devices": DEVICES,
         "flops_per_step": flops, "step_time_ms": step_ms,
         "window_ms_min": min(windows) if windows else None, "window_ms_max": max(windows) if windows else None,
@@ -291,10 +310,14 @@ def engine(env: dict[str, Any]) -> str:
 
 
 def report(results: list[dict[str, Any]], env: dict[str, Any], notes: list[str], args: argparse.Namespace) -> str:
-    float32 = {r["model"]: r for r in results if r["policy"] == "float32"}
-    rows = [Row("gpu speedup", f"{r['model']} {r['label']}", "float32", float32[r["model"]]["examples_per_sec"],
-                r["examples_per_sec"], "examples/s", r["speedup"], r["goal"], r["met"])
-            for r in results if r["examples_per_sec"] is not None]
+    float32 = {(r["model"], r["per_call"]): r for r in results if r["policy"] == "float32"}
+    one = {(r["model"], r["policy"]): r for r in results if r["per_call"] == 1}
+    rows = [Row("gpu speedup", f"{r['model']} {r['label']}", label("float32", r["per_call"]),
+                float32[r["model"], r["per_call"]]["examples_per_sec"], r["examples_per_sec"], "examples/s",
+                r["speedup"], r["goal"], r["met"]) for r in results if r["examples_per_sec"] is not None]
+    rows += [Row("steps per call", f"{r['model']} {r['label']}", label(r["policy"]),
+                 one[r["model"], r["policy"]]["examples_per_sec"], r["examples_per_sec"], "examples/s",
+                 r["per_call_speedup"]) for r in results if r["per_call"] != 1 and r["examples_per_sec"] is not None]
     lines = [
         f"# GPU speedup through the engine — {env['date']}",
         "",
@@ -337,6 +360,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--float32-matmul", choices=tuple(FLOAT32_MATMUL), default="default",
                         help="JAX matmul precision for float32 inputs: default is TF32 on Ampere and newer")
     parser.add_argument("--models", default="transformer,cnn", help="which models, comma-separated")
+    parser.add_argument("--per-call", default="1,auto",
+                        help="steps per call to run each case at, comma-separated: whole numbers or auto")
     parser.add_argument("--devices", type=int, default=1,
                         help="devices one job trains on (tf.distribute, TensorFlow backend); 1: JAX, one device")
     args = parser.parse_args(argv)
@@ -362,14 +387,15 @@ def measure(args: argparse.Namespace, cases: list[Case], env: dict[str, Any], no
                 need = sum(estimate(c, cases) for c in group) if round_ > 1 and i == 0 else estimate(case, cases)
                 if time.monotonic() + need > deadline:
                     names = group[i:] if round_ > 1 else [case]
-                    skipped.setdefault(round_, []).extend(f"{c.model.name} {label(c.policy)}" for c in names)
+                    skipped.setdefault(round_, []).extend(
+                        f"{c.model.name} {label(c.policy, c.per_call)}" for c in names)
                     if round_ > 1:
                         break
                     continue
-                spec = case.model.spec(case.policy, args.warmup + args.steps, args.devices)
+                spec = case.model.spec(case.policy, args.warmup + args.steps, args.devices, case.per_call)
                 run = run_once(spec, args.warmup, args.steps, args.windows, deadline, round_)
                 case.runs.append(run)
-                name = f"round {round_}: {case.model.name} {label(case.policy)}"
+                name = f"round {round_}: {case.model.name} {label(case.policy, case.per_call)}"
                 if run["stopped_by_budget"]:
                     notes.append(f"{name} was stopped by the budget after {run['steps_done']} steps.")
                 if run["error"]:
@@ -392,8 +418,9 @@ def main(argv: list[str] | None = None) -> int:
         jax.config.update("jax_default_matmul_precision", args.float32_matmul)
     env = environment(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    cases = [Case(m, p) for m in (SMOKE if args.smoke else FULL) if m.name in args.models.split(",")
-             for p in POLICIES]
+    settings = [int(n) if n != "auto" else n for n in args.per_call.split(",")]
+    cases = [Case(m, p, n) for m in (SMOKE if args.smoke else FULL) if m.name in args.models.split(",")
+             for n in dict.fromkeys([1, *settings]) for p in POLICIES]
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gpu-speedup-cache-") as cache:
         # Later rounds build the same programs: the cache spares them most of the compile time.
@@ -411,8 +438,10 @@ def main(argv: list[str] | None = None) -> int:
 def write(args: argparse.Namespace, cases: list[Case], env: dict[str, Any],
           notes: list[str]) -> tuple[list[dict[str, Any]], str]:
     """Write the table and the raw JSON (after every run, so a killed run leaves them)."""
-    baselines = {c.model.name: c for c in cases if c.policy == "float32"}
-    results = [summarize(c, baselines[c.model.name], args.peak_tflops) for c in cases]
+    baselines = {(c.model.name, c.per_call): c for c in cases if c.policy == "float32"}
+    ones = {(c.model.name, c.policy): c for c in cases if c.per_call == 1}
+    results = [summarize(c, baselines[c.model.name, c.per_call], ones[c.model.name, c.policy], args.peak_tflops)
+               for c in cases]
     text = report(results, env, notes, args)
     payload = {
         "benchmark": "gpu speedup", "smoke": args.smoke, "config": vars(args),

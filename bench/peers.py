@@ -37,7 +37,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 
 from bench import peer_history  # noqa: E402
-from bench.engine_overhead import GOAL, PIECES, _per_step, _piece_ratios  # noqa: E402
+from bench.engine_overhead import GOAL, PIECES, _per_step, _piece_ratios, automatic_steps_per_call  # noqa: E402
 from bench.engine_overhead import Case as _Case  # noqa: E402
 from bench.peer_sides import ENGINE_SERIES, mlflow_run, sides, take_turns  # noqa: E402
 from bench.report import Row, cli  # noqa: E402
@@ -50,6 +50,8 @@ ENGINE = "mpjobs engine"
 LAYER_EVERY = UNDERFLOW_CHECK_EVERY
 ENGINE_LAYERS = f"mpjobs engine + layer checks every {LAYER_EVERY}"
 AA = "bare model.fit again (A/A)"
+PER_CALL = "steps per call"
+"""Not a side: `measure` keeps the steps per call every side ran at under this name."""
 
 
 @dataclass(frozen=True)
@@ -81,9 +83,11 @@ class Side:
 def measure(case: Case, repeats: int, store: Path, mlflow: bool = True) -> dict[str, Side]:
     """Every side of `case`, by name, over `repeats` groups of sides taking turns."""
     found: dict[str, Side] = defaultdict(lambda: Side([], [], 0))
+    per_call = automatic_steps_per_call(case)  # every side at the steps per call the engine chooses
+    found[PER_CALL].per_step.append(per_call)
     for repeat in range(repeats):
         with tempfile.TemporaryDirectory() as out, mlflow_run(store) if mlflow else contextlib.nullcontext():
-            engines, peers = sides(case.spec(case.steps), Path(out), LAYER_EVERY, repeat, mlflow)
+            engines, peers = sides(case.spec(case.steps, per_call=per_call), Path(out), LAYER_EVERY, repeat, mlflow)
             (x, y), = engines[0].training.segments(SEGMENT_BYTES)
             take_turns([*engines, *peers], x, y, repeat)
             pieces = {ENGINE: (engines[0].finish(), ENGINE_SERIES), ENGINE_LAYERS: (engines[1].finish(), ENGINE_SERIES)}
@@ -106,7 +110,7 @@ def verdict(name: str, measured: dict[str, Side]) -> tuple[bool, str]:
     ours = statistics.median(measured[name].ratios)
     misses = [] if ours <= GOAL else [f"above {GOAL}"]
     for peer, side in measured.items():
-        if peer in (BARE, AA, ENGINE, ENGINE_LAYERS) or side.series >= ENGINE_SERIES:
+        if peer in (BARE, AA, ENGINE, ENGINE_LAYERS, PER_CALL) or side.series >= ENGINE_SERIES:
             continue
         theirs = statistics.median(side.ratios)
         if ours >= theirs:
@@ -116,14 +120,15 @@ def verdict(name: str, measured: dict[str, Side]) -> tuple[bool, str]:
 
 def rows_for(case: Case, repeats: int, measured: dict[str, Side]) -> list[Row]:
     bare_ms = statistics.median(measured[BARE].per_step) * 1e3
+    per_call = int(measured[PER_CALL].per_step[0])
     rows = []
     for name, side in measured.items():
-        if name == BARE:
+        if name in (BARE, PER_CALL):
             continue
         ratio = statistics.median(side.ratios)
         q1, _, q3 = statistics.quantiles(side.ratios, n=4)
-        text = (f"{case.label}, {name}: {side.series} series/step, {case.steps} steps, {repeats} repeats of {PIECES} "
-                f"pieces (quartiles {q1:.2f}–{q3:.2f})")
+        text = (f"{case.label}, {name}: {side.series} series/step, {case.steps} steps at {per_call} per call, "
+                f"{repeats} repeats of {PIECES} pieces (quartiles {q1:.2f}–{q3:.2f})")
         goal, met = "", None
         if name in (ENGINE, ENGINE_LAYERS):
             goal = f"ratio <= {GOAL}, below every peer with fewer series"

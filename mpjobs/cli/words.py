@@ -85,7 +85,8 @@ def summary_lines(job: dict[str, Any]) -> list[str]:
         *([f"  underflow from   {s['underflow_layer']} (step {s['underflow_step']}; mpjobs layers {job['id']})"]
           if s.get("underflow_layer") else []),
         *([f"  overflow risk    {s['overflow_layer']} (step {s['overflow_step']})"] if s.get("overflow_layer") else []),
-        f"  throughput       {_or_dash(speed, rate, 'n/a')} examples/s",
+        f"  throughput       {_or_dash(speed, rate, 'n/a')} examples/s"
+        + (f", up to {s['steps_per_call']} steps per call" if s.get("steps_per_call") else ""),
         *([f"  validation       {_eval_words(s['validation'])} (mpjobs evaluations {job['id']})"]
           if s.get("validation") else []),
         *([f"  data             {_data_words(s['data'])}"] if s.get("data") and s.get("validation") else []),

@@ -287,3 +287,6 @@ class Summary(Strict):
     """What training did with the data: rows, epochs, shuffling, the dropped partial batch."""
     plan: PrecisionPlan | None = None
     """With `spec.plan: "auto"`: the precision plan of the job's step 1, which it trained with."""
+    steps_per_call: int | None = None
+    """The most steps one compiled call ran in the last attempt (`training.steps_per_execution`); each step's
+    `step_time_ms` is its call's time shared evenly. None before the first call."""

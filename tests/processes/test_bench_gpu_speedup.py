@@ -56,8 +56,8 @@ def test_smoke_run_reports_every_case_without_the_service_stack(tmp_path: Path) 
     assert data["environment"]["keras_backend"] == "jax"
     assert data["environment"]["platform"] == "cpu"
     cases = data["cases"]
-    assert [(c["model"], c["policy"]) for c in cases] == [
-        (model, policy) for model in ("transformer", "cnn")
+    assert [(c["model"], c["per_call"], c["policy"]) for c in cases] == [
+        (model, per_call, policy) for model in ("transformer", "cnn") for per_call in (1, "auto")
         for policy in ("float32", "mixed_float16", "mixed_bfloat16")
     ]
     for case in cases:
@@ -67,18 +67,24 @@ def test_smoke_run_reports_every_case_without_the_service_stack(tmp_path: Path) 
         assert [run["error"] for run in case["runs"]] == [None]
         assert case["runs"][0]["steps_done"] == data["config"]["warmup"] + data["config"]["steps"]
         assert f"| {case['model']} | {case['label']} |" in table
-    assert [c["speedup"] for c in cases if c["policy"] == "float32"] == [1.0, 1.0]
+    assert [c["speedup"] for c in cases if c["policy"] == "float32"] == [1.0] * 4
+    # Each case at the automatic steps per call set against itself at one, and in the table's own rows.
+    assert all(c["per_call_speedup"] > 0 for c in cases)
+    assert [c["per_call_speedup"] for c in cases if c["per_call"] == 1] == [1.0] * 6
+    for case in cases[3:6] + cases[9:]:
+        assert f"| steps per call | {case['model']} {case['label']} |" in table
     # The transformer's FLOPs per step, by the docstring's formula at the smoke shapes.
     b, s, d, f, layers, classes = 8, 16, 32, 64, 1, 10
     expected = 6 * layers * (4 * d * d + 2 * d * f) * b * s + 12 * layers * s * s * d * b + 6 * d * classes * b
     assert cases[0]["flops_per_step"] == expected
-    assert [c["goal"] != "" for c in cases] == [False, True, True, False, False, False]
+    assert [c["goal"] != "" for c in cases] == [False, True, True] + [False] * 9
     assert "Goal (transformer, each mixed policy >= 2.5x float32)" in table
 
 
 def test_smoke_run_trains_each_job_on_two_devices(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    args = ["--smoke", "--devices", "2", "--models", "cnn", "--warmup", "1", "--steps", "2", "--windows", "1"]
+    args = ["--smoke", "--devices", "2", "--models", "cnn", "--warmup", "1", "--steps", "2", "--windows", "1",
+            "--per-call", "1"]
     done = subprocess.run([sys.executable, "-m", "bench.gpu_speedup", *args, "--out", str(out)],
                           capture_output=True, text=True, env={**env(), "TF_CPP_MIN_LOG_LEVEL": "2"}, cwd=ROOT,
                           timeout=300)

@@ -145,7 +145,8 @@ def test_submit_watch_runs_the_job_to_the_end_and_ends_with_its_summary(
         "  skipped steps    0",
         "  loss scale       min 1, max 1, final 1",
         f"  peak zero grads  {percent_of(s['peak_zero_grad_fraction'])} of gradient elements exactly zero",
-        f"  throughput       {rate_of(s['mean_examples_per_sec'])} examples/s",
+        f"  throughput       {rate_of(s['mean_examples_per_sec'])} examples/s, up to {s['steps_per_call']} steps "
+        "per call",
         "  diagnoses        none",
     ]
     assert done.stdout.splitlines()[-len(summary):] == summary
@@ -620,7 +621,8 @@ KNOWN_JOB: dict[str, Any] = {
     "summary": {
         "steps_done": 30, "final_loss": 0.693147, "skipped_steps": 2, "loss_scale_min": 16384.0,
         "loss_scale_max": 32768.0, "loss_scale_final": 32768.0, "peak_zero_grad_fraction": 0.00053,
-        "mean_examples_per_sec": 14921.7, "float32_checks": 3, "peak_excess_zero_fraction": 0.0123,
+        "mean_examples_per_sec": 14921.7, "steps_per_call": 24, "float32_checks": 3,
+        "peak_excess_zero_fraction": 0.0123,
         "peak_grad_rel_error": 0.000456, "float32_check_error": None,
         "precision_speed": {"policy_ms": 8.4, "float32_ms": 2.0, "slowdown": 4.2, "steps": 36, "low": 3.9,
                             "high": 4.5, "noise_low": 0.95, "noise_high": 1.06, "rounds": 9,
@@ -639,7 +641,7 @@ def test_summary_lines_of_known_values() -> None:
         "  loss scale       min 16384, max 32768, final 32768",
         "  peak zero grads  0.053% of gradient elements exactly zero",
         "  vs float32       on 3 checked steps, at most 1.2% of values zero only here, gradient error 4.6e-4",
-        "  throughput       14,922 examples/s",
+        "  throughput       14,922 examples/s, up to 24 steps per call",
         "  precision speed  4.20× slower than float32 (3.90–4.50×) (8.4 ms against 2 ms per step, 95% interval of 9 "
         "rounds; float32 against itself 0.95–1.06×)",
         "  diagnoses        overflow_skips",
@@ -657,7 +659,7 @@ def test_summary_lines_of_known_values() -> None:
         "  skipped steps    0",
         "  loss scale       min 16384, max 32768, final 32768",
         "  peak zero grads  99% of gradient elements exactly zero",
-        "  throughput       42.5 examples/s",
+        "  throughput       42.5 examples/s, up to 24 steps per call",
         "  precision speed  2.00× faster than float32 (1.60–2.50×) (1 ms against 2 ms per step, 95% interval of 9 "
         "rounds; float32 against itself 0.95–1.06×)",
         "  diagnoses        none",

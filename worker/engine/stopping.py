@@ -1,7 +1,7 @@
 """Stopping an attempt: its time limit, and an interrupt between steps by a flag or anywhere by an exception.
 
-A cancel or the time limit stops training after the current step, with a checkpoint
-(worker/callbacks/stop_control.py). The rest of an attempt has no step to stop after: loading a
+A cancel or the time limit stops training after the current call (one step, or several:
+worker/engine/stepper.py), with a checkpoint (worker/callbacks/stop_control.py). The rest of an attempt has no step to stop after: loading a
 model config (a hostile 1,500-layer Sequential held a worker for minutes), preparing
 the data, building the float32 twin, the speed check's models. There the attempt's
 watcher raises `Interrupted` in the job's thread with CPython's

@@ -209,6 +209,7 @@ class Training:
         # Several steps per compiled call (worker/engine/stepper.py); `fit`'s calls on other backends.
         self.calls = (Calls(model, t.batch_size, t.steps_per_execution, self._must_end, strategy)
                       if keras.backend.backend() in ("tensorflow", "jax") else None)
+        self.builder.steps_per_call = lambda: 1 if self.calls is None else max(self.calls.sizes, default=None)
 
     def _must_end(self, step: int) -> bool:
         """Whether a call must end after `step`: a checkpoint, an evaluation, or a check at the next step."""

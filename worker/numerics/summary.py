@@ -97,6 +97,7 @@ class SummaryBuilder:
         """The latest evaluation on the held-out rows (worker/callbacks/evaluator.py), across a resume too."""
         self.data_use: Callable[[int], DataUse] | None = None
         self.plan: PrecisionPlan | None = None  # `plan: "auto"`: derived again by every attempt, so not in `state`
+        self.steps_per_call: Callable[[], int | None] = lambda: None  # set by the engine: its calls so far
         """What training does with the data, for a number of steps done (worker.engine.data.data_use)."""
 
     def state(self) -> dict[str, Any]:
@@ -301,4 +302,5 @@ class SummaryBuilder:
             diagnoses=self.diagnoses(),
             validation=self.validation,
             data=self.data_use(self.steps_done) if self.data_use else None, plan=self.plan,
+            steps_per_call=self.steps_per_call(),
         )

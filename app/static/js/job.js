@@ -28,7 +28,8 @@ function summaryList(summary) {
       ["Peak gradient error vs float32", fmtNumber(summary.peak_grad_rel_error, 2)],
     ] : []),
     ...(summary.float32_check_error ? [["Float32 check", summary.float32_check_error]] : []),
-    ["Throughput (examples/s)", fmtRate(summary.mean_examples_per_sec)],
+    ["Throughput (examples/s)", fmtRate(summary.mean_examples_per_sec)
+      + (summary.steps_per_call ? `, up to ${summary.steps_per_call} steps per call` : "")],
     ...(summary.validation ? [["Held-out evaluation (final)", evaluationText(summary.validation)]] : []),
     ...(summary.data ? [["Data", `${summary.data.rows} rows trained on (${summary.data.held_out_rows} held out), `
       + `${fmtNumber(summary.data.epochs)} epochs, ${summary.data.dropped_per_epoch} rows of each dropped`]] : []),

@@ -87,6 +87,7 @@ def test_records_checks_and_weights_are_identical_at_one_and_eight_steps_per_cal
     assert not [(end - k, end) for k, end in zip(sizes, ends, strict=True)
                 if any(end - k < b < end for b in boundaries)], "a call ran across a boundary"
     assert max(sizes) == 8 and sizes.count(8) >= 4
+    assert one_reporter.summaries[-1].steps_per_call == 1 and eight_reporter.summaries[-1].steps_per_call == 8
 
     first, second = one_reporter.records, eight_reporter.records
     assert [r.step for r in second] == list(range(1, 61))

@@ -73,7 +73,8 @@ def test_engine_runs_and_resumes_under_jax() -> None:
     timing = {"time", "step_time_ms", "examples_per_sec"}
     one, eight = ([{k: v for k, v in r.items() if k not in timing} for r in data["per_call"][n]] for n in ("1", "8"))
     assert [r["step"] for r in eight] == list(range(1, 31)) and any(r["skipped"] for r in eight[1:7])
-    assert [r["step"] for r in eight if r["grad_rel_error"] is not None] == [1, 10, 20, 30]
+    # The checks at 1, 10 and 20 met overflowing steps (no gradient error to report); 30's is the float32 check's.
+    assert [r["step"] for r in eight if r["grad_rel_error"] is not None] == [30]
     assert eight == one
 
 

@@ -144,7 +144,8 @@ class Bare:
         """Calls made so far: what a callback that logs at each call's end logged."""
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> None:
-        steps, calls, begun = len(x) // self.batch_size, [], [0.0]
+        steps, begun = len(x) // self.batch_size, [0.0]
+        calls: list[tuple[float, float, int]] = []
 
         def end(batch: int, logs: Any) -> None:  # `batch`: the call's last step, as if the call were whole
             calls.append((begun[0], time.time(), min(batch + 1, steps) - sum(c[2] for c in calls)))

@@ -1,10 +1,10 @@
 """Stopping an attempt: its time limit, and an interrupt between steps by a flag or anywhere by an exception.
 
 A cancel or the time limit stops training after the current call (one step, or several:
-worker/engine/stepper.py), with a checkpoint (worker/callbacks/stop_control.py). The rest of an attempt has no step to stop after: loading a
-model config (a hostile 1,500-layer Sequential held a worker for minutes), preparing
-the data, building the float32 twin, the speed check's models. There the attempt's
-watcher raises `Interrupted` in the job's thread with CPython's
+worker/engine/stepper.py), with a checkpoint (worker/callbacks/stop_control.py). The rest of an
+attempt has no step to stop after: loading a model config (a hostile 1,500-layer Sequential held a
+worker for minutes), preparing the data, building the float32 twin, the speed check's models. There
+the attempt's watcher raises `Interrupted` in the job's thread with CPython's
 `PyThreadState_SetAsyncExc`. It lands at the next bytecode that thread runs: within
 microseconds in Python code, and after the running op in TensorFlow's C++ code.
 

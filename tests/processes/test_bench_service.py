@@ -20,6 +20,6 @@ def test_service_overhead_splits_the_job_into_phases() -> None:
 def test_metric_delivery_measures_latency_and_reporter_rate() -> None:
     p50, p95, rate = metric_delivery.run(quick=True, repeats=1)
     assert 0 < p50.value <= p95.value
-    assert p95.met is not None and p95.goal == "p95 <= 100 ms"
+    assert p95.met is not None and p95.goal == "p95 <= 120 ms (one call + 100 ms)"
     assert rate.baseline.startswith("redis-benchmark XADD") and rate.baseline_value and rate.baseline_value > 0
     assert rate.value > 1000, "the reporter must move far more records per second than any job makes"

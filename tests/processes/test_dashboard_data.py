@@ -70,8 +70,8 @@ def test_the_form_lists_an_uploaded_dataset_and_submits_a_job_that_names_it(
     record = upload(api, 48)
     open_dashboard(browser, keyed_stack, "#/jobs")
     option = wait_for(browser, lambda d: d.find_elements(
-        By.CSS_SELECTOR, f'[data-field="dataset.kind"] option[data-dataset-id="{record["id"]}"]'), 10,
-        "the uploaded dataset in the select")[0]
+        By.CSS_SELECTOR, f'[data-field="dataset.kind"] option[data-dataset-id="{record["id"]}"]'), 60,
+        "the uploaded dataset in the select")[0]  # an event, not a speed: the form's first GET /datasets
     assert record["id"][:12] in option.text and "[48, 784]" in option.text and "[48]" in option.text
     assert f"{rate(record['bytes'])} bytes" in option.text
     select = Select(browser.find_element(By.CSS_SELECTOR, '[data-field="dataset.kind"]'))

@@ -50,6 +50,7 @@ from worker.numerics.layer_numerics import (
     near_overflow,
     scale_text,
     signal_lost,
+    sum_of_squares,
     weights_lost,
 )
 from worker.numerics.scale_search import doublings
@@ -144,8 +145,8 @@ class Candidates:
         flat = np.concatenate([p.ravel() for p in policy]).astype(np.float64)
         ref = np.concatenate([r.ravel() for r in self.reference]).astype(np.float64)
         excess = float(np.count_nonzero((flat == 0) & (ref != 0)) / max(1, flat.size))
-        norm = math.sqrt(float(np.dot(ref, ref)))
-        rel = (math.sqrt(float(np.dot(flat - ref, flat - ref))) / norm
+        norm = math.sqrt(sum_of_squares(ref))
+        rel = (math.sqrt(sum_of_squares(flat - ref)) / norm
                if np.isfinite(flat).all() and norm > 0 else None)
         names = frozenset(g.name for g in probe.groups if g.name != model.name)
         return Candidate(pins, scale, measure(probe.groups, arrays), excess, rel, names)

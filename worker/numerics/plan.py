@@ -108,6 +108,14 @@ class Candidate:
         return len(self.flagged) + excess + beyond
 
 
+def _values_for(variables: Sequence[Any], values: Sequence[Any]) -> list[Any]:
+    """The job's weight values for a pinned copy's variables, in its dtypes; refused unless the shapes match."""
+    shapes = [tuple(v.shape) for v in variables]
+    if shapes != [tuple(np.shape(value)) for value in values]:
+        raise ValueError(f"Expected the pinned copy's variables to match the model's. Received shapes {shapes}.")
+    return [ops.cast(value, v.dtype) for v, value in zip(variables, values, strict=True)]
+
+
 class Candidates:
     """Pinned copies of the job's model differentiated on one step, each built once."""
 
@@ -116,8 +124,9 @@ class Candidates:
                  reference: Sequence[np.ndarray], reference_signals: Sequence[Any]) -> None:
         self.build, self.loss, self.x, self.y = build, loss, x, y
         self.reference, self.reference_signals = reference, reference_signals
-        self.trainable = dict(zip([v.path for v in model.trainable_variables], values[0], strict=True))
-        self.non_trainable = dict(zip([v.path for v in model.non_trainable_variables], values[1], strict=True))
+        # By position, not by path: a copy built in the same session names the sublayers Keras names itself
+        # anew (a transformer's `position_embedding/embedding_2`), while its variables come in the same order.
+        self.trainable, self.non_trainable = list(values[0]), list(values[1])
         self.evaluated, self.deadline = 0, time.monotonic() + MAX_SECONDS
         self._built: dict[frozenset[str], tuple[keras.Model, LayerProbe, Any]] = {}
 
@@ -136,8 +145,8 @@ class Candidates:
             fn = gradient_fn(model, self.loss, probe)
             if not pins:  # kept; a pinned copy is not, so a large model's 32 candidates are never held at once
                 self._built[pins] = (model, probe, fn)
-        trainable = [ops.cast(self.trainable[v.path], v.dtype) for v in model.trainable_variables]
-        non_trainable = [ops.cast(self.non_trainable[v.path], v.dtype) for v in model.non_trainable_variables]
+        trainable = _values_for(model.trainable_variables, self.trainable)
+        non_trainable = _values_for(model.non_trainable_variables, self.non_trainable)
         grads, stats, signals = fn(trainable, non_trainable, self.x, self.y, ops.convert_to_tensor(scale, "float32"))
         policy = [np.asarray(ops.convert_to_numpy(g), dtype=np.float32) for g in grads]
         arrays = StepArrays(policy, self.reference, [ops.convert_to_numpy(s) for s in stats],

@@ -169,3 +169,19 @@ def test_a_clean_step_gets_the_plan_that_says_nothing_is_needed(train: Train, se
     assert plan is not None and plan.holds and plan.layer_policies == {} and plan.proposed_scale is None
     assert plan.message == "Nothing needs pinning at step 1: the step matches float32 as it is."
     assert [m.flagged for m in plan.moves] == [[]] and reporter.layer_checks[0].underflow_layer is None
+
+
+def test_the_search_runs_on_a_model_whose_copies_name_their_sublayers_anew(
+        train: Train, caplog: pytest.LogCaptureFixture) -> None:
+    """The transformer's PositionEmbedding names its inner Embedding itself: a pinned copy built in the same
+    session holds `embedding_2` where the job's model holds `embedding`. The search maps the weights by
+    position, so it runs (by path, it failed on a KeyError and the job had no plan)."""
+    spec = JobSpec.model_validate({"model": {"name": "transformer", "seq_len": 16, "vocab_size": 50, "d_model": 16,
+                                             "heads": 2, "layers": 1, "ffn_dim": 16},
+                                   "precision_policy": "mixed_float16", "plan": "auto", "dataset": {"samples": 64},
+                                   "training": {"steps": 2}})
+    result, reporter = train(spec)
+    plan = result.summary.plan
+    assert plan is not None and plan.moves, "the search ran"
+    assert not [r for r in caplog.records if "plan" in r.getMessage().lower() and r.levelname in ("WARNING", "ERROR")]
+    assert reporter.records[-1].step == 2

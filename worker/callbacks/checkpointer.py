@@ -9,6 +9,7 @@ from typing import Any
 import keras
 
 from worker.callbacks.recorder import StepRecorder
+from worker.engine.stepper import crossed
 
 
 class Checkpointer(keras.callbacks.Callback):
@@ -24,7 +25,7 @@ class Checkpointer(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         step = self.recorder.step
         ran = len(self.recorder.latest_steps) or 1  # a call of several steps ends at its checkpoint step
-        due = step // self.every > (step - ran) // self.every or self.clock() - self.saved_at >= self.interval_s
+        due = crossed(step, ran, self.every) or self.clock() - self.saved_at >= self.interval_s
         if due and not self.model.stop_training:  # the divergence guard stops first
             self.recorder.publish()
             self.save(step)

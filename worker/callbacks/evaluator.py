@@ -20,6 +20,7 @@ import numpy as np
 
 from mpjobs.contract.records import EvalRecord
 from worker.engine.data import HeldOut
+from worker.engine.stepper import crossed
 from worker.numerics.summary import SummaryBuilder
 from worker.telemetry.batch_loss import compiled_loss
 from worker.telemetry.reporters import Reporter
@@ -74,7 +75,7 @@ class Evaluator(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         ran = int((logs or {}).get(CALL_STEPS_KEY, 1))  # a call of several steps ends at its evaluation step
         self.step += ran
-        if self.every and self.step // self.every > (self.step - ran) // self.every:
+        if self.every and crossed(self.step, ran, self.every):
             self.evaluate(self.step)
 
     def evaluate(self, step: int) -> EvalRecord:

@@ -54,6 +54,17 @@ def call_sizes(done: int, steps: int, most: int | Callable[[], int], must_end: C
         step += k
 
 
+def by_step(values: np.ndarray, batch_size: int) -> np.ndarray:
+    """The whole batches of `values`, one per step: (steps, batch_size, ...), a view."""
+    steps = len(values) // batch_size
+    return values[: steps * batch_size].reshape(steps, batch_size, *values.shape[1:])
+
+
+def crossed(step: int, ran: int, every: int) -> bool:
+    """Whether the call that ran `ran` steps up to `step` passed a multiple of `every` (it ends there)."""
+    return step // every > (step - ran) // every
+
+
 class AutoSize:
     """Steps per call for a call of about `target_s`: from the median seconds per step of the last calls.
 
@@ -112,10 +123,7 @@ class Stepper:
         """Train one step per batch of (x, y): the (steps, 1 + telemetry fields) rows, read once."""
         if self._function is None:
             self._function = self._build(x, y)
-        steps, bs = len(x) // self.batch_size, self.batch_size
-        xs = x[: steps * bs].reshape(steps, bs, *x.shape[1:])
-        ys = y[: steps * bs].reshape(steps, bs, *y.shape[1:])
-        return np.asarray(self._function(xs, ys))
+        return np.asarray(self._function(by_step(x, self.batch_size), by_step(y, self.batch_size)))
 
 
 class MirroredStepper:
@@ -150,11 +158,8 @@ class MirroredStepper:
             lambda context: values[:, context.replica_id_in_sync_group * share:][:, :share])
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        steps, bs = len(x) // self.batch_size, self.batch_size
-        xs = x[: steps * bs].reshape(steps, bs, *x.shape[1:])
-        ys = y[: steps * bs].reshape(steps, bs, *y.shape[1:])
-        count = self._tf.constant(steps)
-        return np.asarray(self._function(self._per_replica(xs), self._per_replica(ys), count))
+        xs, ys = by_step(x, self.batch_size), by_step(y, self.batch_size)
+        return np.asarray(self._function(self._per_replica(xs), self._per_replica(ys), self._tf.constant(len(xs))))
 
 
 class JaxStepper:
@@ -198,8 +203,7 @@ class JaxStepper:
         length = 1 << max(0, (max(steps, self.most()) - 1).bit_length())
         xs = np.zeros((length, bs, *x.shape[1:]), x.dtype)
         ys = np.zeros((length, bs, *y.shape[1:]), y.dtype)
-        xs[:steps], ys[:steps] = x[: steps * bs].reshape(steps, bs, *x.shape[1:]), y[: steps * bs].reshape(
-            steps, bs, *y.shape[1:])
+        xs[:steps], ys[:steps] = by_step(x, bs), by_step(y, bs)
         if getattr(model, "_jax_state_synced", True) or not getattr(model, "_jax_state", None):
             model._symbolic_build(data_batch=(x[:bs], y[:bs]))  # as `fit` builds the compiled metrics first
             state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True,

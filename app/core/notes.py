@@ -13,7 +13,19 @@ from mpjobs.contract.spec import JobSpec
 
 def spec_notes(spec: JobSpec) -> list[str]:
     """Loss scaling under a policy that does not compute in float16; a model.keras that needs mpjobs's classes."""
-    return _scaling_notes(spec) + _takeaway_notes(spec)
+    return _scaling_notes(spec) + _takeaway_notes(spec) + _fp8_notes(spec)
+
+
+def _fp8_notes(spec: JobSpec) -> list[str]:
+    """FP8 is fast only on GPUs with FP8 units; elsewhere Keras simulates it."""
+    if spec.fp8 is None:
+        return []
+    compute = spec.precision_policy.compute_dtype
+    return [f"fp8: the Dense and EinsumDense layers train in FP8 around {compute}. Without FP8 units (any CPU, "
+            "and GPUs before Hopper or Ada) Keras simulates FP8: it rounds inputs and kernel to float8_e4m3fn "
+            f"and output gradients to float8_e5m2, then multiplies in {compute}. The numbers are FP8's; the "
+            "speed is not, and such a job is slower than without fp8. Its scaling state is in each step's "
+            "`fp8` (docs/numerics.md, \"FP8\")."]
 
 
 def _takeaway_notes(spec: JobSpec) -> list[str]:

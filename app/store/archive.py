@@ -3,8 +3,8 @@
 An ended job's history moves out of Redis into `<ARTIFACTS_DIR>/<job id>/history/` (app/store/retention.py
 decides when). Three files, each compressed with zstd:
 
-    metrics.parquet  one row per step: a typed column per StepRecord field (int64, float64, bool; null where
-                     the record has None), so every value reads back exactly as it was stored; and (format
+    metrics.parquet  one row per step: a typed column per scalar StepRecord field (int64, float64, bool; null
+                     where the record has None), so every value reads back exactly as it was stored; and (format
                      version 2) `record`, the record's JSON as the stream held it, which pages and streams
                      serve as it is (app/store/pages.py)
     rollups.parquet  one row per stored rollup: its index, steps, skips and each series' n/total/lo/hi
@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, TypeAdapter
 
 from app.store.rollup import SERIES
-from mpjobs.contract.records import StepRecord
+from mpjobs.contract.records import STEP_SCALARS, StepRecord
 
 HISTORY_DIR = "history"
 """The archive's folder inside the job's folder."""
@@ -80,8 +80,8 @@ def _arrow_type(name: str, annotation: Any) -> tuple[pa.DataType, bool]:
     return arrow, len(kinds) < len(args)
 
 
-STEP_SCHEMA = pa.schema([pa.field(name, *_arrow_type(name, field.annotation))
-                         for name, field in StepRecord.model_fields.items()]
+STEP_SCHEMA = pa.schema([pa.field(name, *_arrow_type(name, StepRecord.model_fields[name].annotation))
+                         for name in STEP_SCALARS]
                         + [pa.field(RECORD_COLUMN, pa.string(), nullable=False)])
 ROLLUP_COUNTS = ("first_step", "last_step", "steps", "skipped")
 SERIES_PARTS = {"n": pa.int64(), "total": pa.float64(), "lo": pa.float64(), "hi": pa.float64()}
@@ -183,7 +183,7 @@ class ArchivedHistory:
         if RECORD_COLUMN in table.column_names:
             rows: list[dict[str, Any]] = json.loads(f"[{','.join(table.column(RECORD_COLUMN).to_pylist())}]")
             return rows if fields is None else [{name: row[name] for name in fields if name in row} for row in rows]
-        table = table.select([name for name in (StepRecord.model_fields if fields is None else fields)
+        table = table.select([name for name in (STEP_SCALARS if fields is None else fields)
                               if name in table.column_names])
         rows = table.to_pylist()
         return rows

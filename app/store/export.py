@@ -1,6 +1,7 @@
 """A job's whole step history as CSV, streamed: `GET /jobs/{id}/metrics.csv` and `mpjobs metrics --csv`.
 
-One header row of the StepRecord's fields, then one row per stored step in step order. A cell is the
+One header row of the StepRecord's scalar fields (an FP8 job's per-layer `fp8` state is in the JSON pages),
+then one row per stored step in step order. A cell is the
 value as Python writes it (`str`), a boolean `true`/`false`, and null (a non-finite value) empty: the
 rows the CLI wrote when it paged through `GET /jobs/{id}/metrics` itself. The records are read a chunk at
 a time as stored (app/store/pages.py), from Redis or the archive, and parsed in one `json.loads` per
@@ -14,9 +15,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from app.store.history import MetricHistory
-from mpjobs.contract.records import StepRecord
+from mpjobs.contract.records import STEP_SCALARS
 
-FIELDS = tuple(StepRecord.model_fields)
+FIELDS = STEP_SCALARS
 EXPORT_CHUNK = 5000
 """Records read, parsed and written per round: about 2 MB of CSV."""
 

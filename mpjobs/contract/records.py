@@ -9,6 +9,7 @@ from pydantic import (
     ConfigDict,
 )
 
+from mpjobs.contract.fp8 import Fp8Layers, Fp8Tensor
 from mpjobs.contract.plan import PrecisionPlan
 from mpjobs.contract.strict import Strict
 
@@ -36,6 +37,8 @@ class StepRecord(Strict):
     """On checked steps only: share of gradient values zero under the policy but not in float32."""
     grad_rel_error: float | None = None
     """On checked steps only: ||g_policy - g_float32|| / ||g_float32||, both unscaled."""
+    fp8: list[Fp8Tensor] | None = None
+    """An FP8 job's scaling state: each FP8 layer's inputs, kernel and output gradient (mpjobs/contract/fp8.py)."""
     learning_rate: float
     examples_per_sec: float
     step_time_ms: float
@@ -43,6 +46,10 @@ class StepRecord(Strict):
     """Unix time at the end of the step."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+STEP_SCALARS = tuple(name for name in StepRecord.model_fields if name != "fp8")
+"""The StepRecord fields that are one number or boolean each: the archive's typed columns and the CSV's."""
 
 
 class DiagnosisCode(StrEnum):
@@ -56,6 +63,10 @@ class DiagnosisCode(StrEnum):
     HALF_PRECISION_OUTPUT = "half_precision_output"
     LAYER_UNDERFLOW = "layer_underflow"
     ACTIVATION_OVERFLOW_RISK = "activation_overflow_risk"
+    FP8_SATURATION = "fp8_saturation"
+    FP8_UNDERFLOW = "fp8_underflow"
+    FP8_SCALE_ZERO = "fp8_scale_zero"
+    FP8_SCALE_STUCK = "fp8_scale_stuck"
 
 
 class Diagnosis(Strict):
@@ -287,6 +298,8 @@ class Summary(Strict):
     """What training did with the data: rows, epochs, shuffling, the dropped partial batch."""
     plan: PrecisionPlan | None = None
     """With `spec.plan: "auto"`: the precision plan of the job's step 1, which it trained with."""
+    fp8: Fp8Layers | None = None
+    """An FP8 job's FP8 layers and the layers that kept their policy."""
     steps_per_call: int | None = None
     """The most steps one compiled call ran in the last attempt (`training.steps_per_execution`); each step's
     `step_time_ms` is its call's time shared evenly. None before the first call."""

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from mpjobs.contract.data_specs import NpzDataset, UploadedDataset
+from mpjobs.contract.fp8 import Fp8Spec, check_fp8, fp8_label
 from mpjobs.contract.layer_names import layer_names, unknown_layers_message
 from mpjobs.contract.loss_scale import DynamicLossScale as DynamicLossScale  # the contract's names, re-exported
 from mpjobs.contract.loss_scale import FixedLossScale as FixedLossScale
@@ -83,6 +84,8 @@ class Variant(Strict):
     """None means the default for the policy, as in a job spec."""
     layer_policies: dict[Annotated[Text, Field(min_length=1, max_length=200)], PrecisionPolicy] | None = None
     """Per-layer policies for this variant, as `JobSpec.layer_policies`. None: the spec's (float32: none)."""
+    fp8: Fp8Spec | None = None
+    """Train the Dense and EinsumDense layers in FP8, as `JobSpec.fp8`. None: not in FP8."""
 
     @field_validator("loss_scale", mode="before")
     @classmethod
@@ -94,12 +97,17 @@ class Variant(Strict):
         probe = JobSpec.model_validate({"model": {"name": "mlp"}, "precision_policy": self.precision_policy,
                                         "loss_scale": self.loss_scale})
         return Variant(precision_policy=self.precision_policy, loss_scale=probe.loss_scale,
-                       layer_policies=self.layer_policies)
+                       layer_policies=self.layer_policies, fp8=self.fp8)
+
+    @property
+    def is_float32(self) -> bool:
+        """All float32: the baseline's policy, no FP8 layer."""
+        return self.precision_policy is PrecisionPolicy.FLOAT32 and self.fp8 is None
 
     @property
     def label(self) -> str:
         """"float32", "mixed_float16 + dynamic", "mixed_float16 + fixed 1024"."""
-        scale, pins = self.loss_scale, ""
+        scale, pins = self.loss_scale, fp8_label(self.fp8)
         for policy in dict.fromkeys((self.layer_policies or {}).values()):  # " + float32: dense_1, probs"
             pins += f" + {policy.value}: {', '.join(n for n, p in (self.layer_policies or {}).items() if p is policy)}"
         if scale is None or (scale.mode == "none" and self.precision_policy.compute_dtype != "float16"):
@@ -133,6 +141,10 @@ class JobSpec(Strict):
     """Layers that compute in another policy than `precision_policy`, by name (`mpjobs.contract.layer_names`),
     nested models' and wrapped layers' included: {"dense_1": "float32"} keeps that layer in float32 under
     mixed_float16. The float32 check and the layer checks still compare with the all-float32 model."""
+    fp8: Fp8Spec | None = None
+    """Train the model's Dense and EinsumDense layers in FP8 (Keras's `float8_from_<precision_policy>`), the
+    other layers in `precision_policy`, which must be float32, mixed_bfloat16 or mixed_float16. A layer named
+    in `layer_policies` keeps its policy. None: no FP8 (docs/numerics.md, "FP8")."""
     plan: Literal["auto"] | None = None
     """"auto": before training, find the precision plan of this job's own step 1 (docs/numerics.md, "Precision
     plan") and train with it: its layers in float32, its loss scale. A comparison's plan variant sets it."""
@@ -158,7 +170,10 @@ class JobSpec(Strict):
             known = layer_names(self.model)
             if unknown := [name for name in self.layer_policies if name not in known]:
                 raise ValueError(unknown_layers_message("layer_policies", unknown, known))
+        if self.fp8 is not None:
+            check_fp8(self)
         return self
+
 
 
 # --- precision comparisons ----------------------------------------------------
@@ -213,7 +228,7 @@ class ComparisonSpec(Strict):
                 known = layer_names(spec.model)
                 if unknown := [name for name in variant.layer_policies if name not in known]:
                     raise ValueError(unknown_layers_message(f"variants[{index}].layer_policies", unknown, known))
-        if not any(v.precision_policy is PrecisionPolicy.FLOAT32 for v in variants):
+        if not any(v.is_float32 for v in variants):
             raise ValueError("variants must include a 'float32' variant: it is the baseline every other "
                              "variant is compared with.")
         seen: dict[str, int] = {}
@@ -226,7 +241,8 @@ class ComparisonSpec(Strict):
 
     @model_validator(mode="after")
     def _something_to_plan(self) -> ComparisonSpec:
-        if self.plan is not None and all(v.precision_policy.compute_dtype == "float32" for v in self.variants or ()):
+        if self.plan is not None and all(v.precision_policy.compute_dtype == "float32" and v.fp8 is None
+                                         for v in self.variants or ()):
             raise ValueError("plan 'auto' plans a float16 or bfloat16 variant: add one to variants, or leave plan out.")
         return self
 
@@ -243,7 +259,7 @@ class ComparisonSpec(Strict):
         """
         base = self.spec.model_dump(mode="json")
         variants = self.variants or []
-        baseline = next(v for v in variants if v.precision_policy is PrecisionPolicy.FLOAT32)
+        baseline = next(v for v in variants if v.is_float32)
         specs = []
         for variant in variants:
             label = f" · {variant.label}"  # kept whole: a long name is cut instead
@@ -255,6 +271,7 @@ class ComparisonSpec(Strict):
                 **base, "name": name, "precision_policy": variant.precision_policy.value,
                 "loss_scale": None if variant.loss_scale is None else variant.loss_scale.model_dump(mode="json"),
                 "speed_check": timed, "layer_policies": self.pins_of(variant),
+                "fp8": None if variant.fp8 is None else variant.fp8.model_dump(mode="json"),
             }))
         if self.plan is not None:  # the plan variant, after the variants: the planned one's spec, planned
             planned = specs[self.planned_index]
@@ -269,7 +286,7 @@ class ComparisonSpec(Strict):
 
     def pins_of(self, variant: Variant) -> dict[str, str]:
         """The per-layer policies `variant`'s job trains with: its own, else the spec's; none for float32."""
-        if variant.precision_policy is PrecisionPolicy.FLOAT32 and variant.layer_policies is None:
+        if variant.is_float32 and variant.layer_policies is None:
             return {}
         pins = self.spec.layer_policies if variant.layer_policies is None else variant.layer_policies
         return {name: policy.value for name, policy in pins.items()}
@@ -277,7 +294,8 @@ class ComparisonSpec(Strict):
     @property
     def planned_index(self) -> int:
         """The variant the plan variant plans: the first that does not compute in float32."""
-        return next(i for i, v in enumerate(self.variants or ()) if v.precision_policy.compute_dtype != "float32")
+        return next(i for i, v in enumerate(self.variants or ())
+                    if v.precision_policy.compute_dtype != "float32" or v.fp8 is not None)
 
     @property
     def seed_control_label(self) -> str:
@@ -286,4 +304,4 @@ class ComparisonSpec(Strict):
     @property
     def baseline_index(self) -> int:
         """The float32 variant's place: its job times the others and is the verdict's reference."""
-        return next(i for i, v in enumerate(self.variants or ()) if v.precision_policy is PrecisionPolicy.FLOAT32)
+        return next(i for i, v in enumerate(self.variants or ()) if v.is_float32)

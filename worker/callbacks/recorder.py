@@ -25,9 +25,10 @@ from mpjobs.contract.records import LayerCheck, StepRecord
 from worker.numerics.float32_check import CheckResult
 from worker.numerics.summary import SummaryBuilder
 from worker.telemetry.batch_loss import TELEMETRY_LOG_KEY
+from worker.telemetry.fp8_state import rows as fp8_rows
 from worker.telemetry.optimizer import TelemetryOptimizer
 from worker.telemetry.reporters import Reporter
-from worker.telemetry.step_vector import Telemetry
+from worker.telemetry.step_vector import Telemetry, split
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class RawStep:
     step: int
     loss: float
     telemetry: Telemetry
+    fp8: tuple[float, ...]
+    """The FP8 layers' state after the step (worker/telemetry/fp8_state.py); empty without FP8 layers."""
     seconds: float
     """From `on_train_batch_begin` to `on_train_batch_end`, over the steps of the call."""
     time: float
@@ -75,6 +78,7 @@ class StepRecorder(keras.callbacks.Callback):
         report_max_records: int,
         checks: dict[int, CheckResult] | None = None,
         layer_checks: dict[int, LayerCheck] | None = None,
+        fp8_counts: dict[int, dict[tuple[str, str], tuple[float, float]]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__()
@@ -87,6 +91,9 @@ class StepRecorder(keras.callbacks.Callback):
         """The float32 checks' results by step (worker.numerics.float32_check), read when records are built."""
         self.layer_checks: dict[int, LayerCheck] = layer_checks if layer_checks is not None else {}
         """The layer checks by step (worker.numerics.layer_numerics), reported with the batch that holds their step."""
+        self.fp8_counts: dict[int, dict[tuple[str, str], tuple[float, float]]] = fp8_counts if fp8_counts is not None \
+            else {}
+        """The FP8 tensors' exact (saturated, underflow) shares on the checked steps (worker.numerics.fp8_counts)."""
         self.pending: list[RawStep] = []
         self.pending_since = 0.0
         self.latest: RawStep | None = None
@@ -96,12 +103,12 @@ class StepRecorder(keras.callbacks.Callback):
         self._t0 = 0.0
         self._telemetry_index: int | None = None
 
-    def _read(self, logs: dict[str, Any]) -> list[tuple[float, Telemetry]]:
-        """(the batch's data loss, the optimizer's telemetry) of each step of the call."""
+    def _read(self, logs: dict[str, Any]) -> list[tuple[float, Telemetry, tuple[float, ...]]]:
+        """(the batch's data loss, the optimizer's telemetry, the FP8 state) of each step of the call."""
         if TELEMETRY_LOG_KEY in logs:
             rows: list[list[float]] = np.atleast_2d(np.asarray(logs[TELEMETRY_LOG_KEY])).tolist()
-            return [(row[0], Telemetry(*row[1:])) for row in rows]
-        return [(float(logs["batch_loss"]), Telemetry(*self._read_optimizer()))]
+            return [(row[0], *split(row[1:])) for row in rows]
+        return [(float(logs["batch_loss"]), *split(self._read_optimizer()))]
 
     def _read_optimizer(self) -> list[float]:
         optimizer: TelemetryOptimizer = self.model.optimizer
@@ -124,9 +131,10 @@ class StepRecorder(keras.callbacks.Callback):
             self.pending_since = now
         share = elapsed / len(rows)
         self.latest_steps = []
-        for i, (loss, telemetry) in enumerate(rows):
+        for i, (loss, telemetry, fp8) in enumerate(rows):
             self.step += 1
-            self.latest_steps.append(RawStep(self.step, loss, telemetry, share, now - (len(rows) - 1 - i) * share))
+            self.latest_steps.append(RawStep(self.step, loss, telemetry, fp8, share,
+                                             now - (len(rows) - 1 - i) * share))
         self.latest = self.latest_steps[-1]
         self.pending.extend(self.latest_steps)
 
@@ -148,10 +156,11 @@ class StepRecorder(keras.callbacks.Callback):
         records = []
         elements = self.model.optimizer.gradient_elements
         penalized = bool(self.model.optimizer.penalties)
-        initial_scale = self.model.optimizer.initial_scale
+        initial_scale, slots = self.model.optimizer.initial_scale, self.model.optimizer.fp8_slots
         for raw in self.pending:
             t, step = raw.telemetry, raw.step
             check = self.checks.pop(step, None)
+            fp8 = fp8_rows(slots, raw.fp8, self.fp8_counts.pop(step, None)) if slots else None
             record = StepRecord(
                 step=step,
                 loss=_finite_or_none(raw.loss),
@@ -163,6 +172,7 @@ class StepRecorder(keras.callbacks.Callback):
                 regularization_loss=_finite_or_none(t.regularization_loss) if penalized else None,
                 excess_zero_fraction=None if check is None else check.excess_zero_fraction,
                 grad_rel_error=None if check is None else check.grad_rel_error,
+                fp8=fp8,
                 learning_rate=self.learning_rate,
                 examples_per_sec=self.batch_size / raw.seconds if raw.seconds > 0 else 0.0,
                 step_time_ms=raw.seconds * 1000.0,

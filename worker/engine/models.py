@@ -17,6 +17,7 @@ import keras
 from keras import layers, ops
 
 from app.core.errors import InvalidModel, JobFailed
+from mpjobs.contract.fp8 import Fp8Layers
 from mpjobs.contract.layer_names import BuiltinNames
 from mpjobs.contract.model_specs import (
     CnnModel,
@@ -28,6 +29,7 @@ from mpjobs.contract.model_specs import (
 from mpjobs.contract.spec import JobSpec, PrecisionPolicy
 from worker.engine.devices import detect_device
 from worker.engine.failures import missing_kernel, out_of_memory
+from worker.engine.fp8 import apply_fp8
 from worker.engine.keras_json import keras_cause, load_keras_json
 from worker.engine.model_checks import check_trainable
 
@@ -49,6 +51,8 @@ class BuiltModel:
     penalties: tuple[tuple[int, Penalty], ...] = ()
     """(index in `model.trainable_variables`, penalty) for each regularized weight. The penalty
     takes the weight's value (a variable, tensor or array) and returns a float32 scalar."""
+    fp8: Fp8Layers | None = None
+    """With `spec.fp8`: the layers that train in FP8 (worker/engine/fp8.py) and those that kept their policy."""
 
 
 @keras.saving.register_keras_serializable(package="mpjobs")
@@ -269,9 +273,10 @@ def build_model(spec: JobSpec, *, on_cpu_tf: bool) -> BuiltModel:
     finally:
         keras.config.set_dtype_policy(previous)
     check_trainable(model, "model.keras_json" if isinstance(m, KerasJsonModel) else "model", loss_name)
+    fp8 = None if spec.fp8 is None else apply_fp8(model, spec.fp8, policy.value, spec.layer_policies)
     return BuiltModel(
         model, loss, loss_name, output_dtype=keras.backend.standardize_dtype(model.outputs[0].dtype),
-        float32_layers=float32_layers, penalties=_float32_penalties(model),
+        float32_layers=float32_layers, penalties=_float32_penalties(model), fp8=fp8,
     )
 
 

@@ -45,7 +45,7 @@ def portable_copy(model: keras.Model, optimizer: TelemetryOptimizer) -> keras.Mo
 def _copy(model: keras.Model, optimizer: TelemetryOptimizer) -> keras.Model:
     # From its config, as load_model builds it (clone_model would also compile it as the engine did).
     copy = model.__class__.from_config(model.get_config())
-    _assign(copy.variables, [v.value for v in model.variables], "model variables")
+    _assign(*_aligned(copy, model), "model variables")
     inner = optimizer.inner_optimizer
     fresh = type(inner).from_config(inner.get_config())
     plain: keras.optimizers.Optimizer = fresh
@@ -65,12 +65,27 @@ def _copy(model: keras.Model, optimizer: TelemetryOptimizer) -> keras.Model:
     return copy
 
 
+def _aligned(copy: keras.Model, model: keras.Model) -> tuple[list[Any], list[Any]]:
+    """The copy's variables and the model's values, paired. By position, unless the copy builds a layer's
+    variables in another order (an FP8 layer rebuilt from its config makes its scales before its kernel):
+    then by the owning layer's place in the model and the variable's name."""
+    values = [v.value for v in model.variables]
+    if [tuple(v.shape) for v in copy.variables] == [tuple(v.shape) for v in values]:
+        return list(copy.variables), values
+
+    def keyed(m: keras.Model) -> dict[tuple[int, str], Any]:
+        place = {layer.path: i for i, layer in enumerate(m._flatten_layers(include_self=False))}
+        return {(place.get(v.path.rpartition("/")[0], -1), v.name): v for v in m.variables}
+    source = keyed(model)
+    return list(copy.variables), [source[key].value if key in source else None for key in keyed(copy)]
+
+
 def _assign(targets: list[Any], values: list[Any], what: str) -> None:
     if len(targets) != len(values):
         raise JobFailed(f"the saved model's {what} has {len(targets)} variables, expected {len(values)} "
                         "as in training.")
     for target, value in zip(targets, values, strict=True):
-        if tuple(target.shape) != tuple(value.shape):
+        if value is None or tuple(target.shape) != tuple(value.shape):
             raise JobFailed(f"the saved model's {what} variable {target.path!r} has shape {tuple(target.shape)}, "
-                            f"expected {tuple(value.shape)} as in training.")
+                            f"expected {'none' if value is None else tuple(value.shape)} as in training.")
         target.assign(value)

@@ -22,7 +22,7 @@ import numpy as np
 from app.core.config import Settings, get_settings
 from app.core.errors import Diverged, DomainError, JobFailed, TimedOut
 from mpjobs.contract.records import Summary
-from mpjobs.contract.spec import JobSpec, LossScaleMode, PrecisionPolicy
+from mpjobs.contract.spec import JobSpec, LossScaleMode
 from worker.callbacks.checkpointer import Checkpointer
 from worker.callbacks.divergence import DivergenceGuard
 from worker.callbacks.evaluator import Evaluator
@@ -30,6 +30,7 @@ from worker.callbacks.recorder import StepRecorder
 from worker.callbacks.stop_control import StopControl
 from worker.engine import checkpoint
 from worker.engine.checkpoint import spec_fingerprint
+from worker.engine.checks import make_check
 from worker.engine.data import FIRST_SEGMENT_BYTES, data_use, hold_out, load_dataset
 from worker.engine.devices import DeviceInfo, detect_device, distribution, slow_precision_message
 from worker.engine.failures import named_failure
@@ -39,11 +40,9 @@ from worker.engine.optimizers import make_optimizer
 from worker.engine.planned import planned_spec
 from worker.engine.stepper import Calls
 from worker.engine.stopping import TimeLimit, phase, set_phase
-from worker.numerics.float32_check import Float32Check
-from worker.numerics.plan import pinned_builder
 from worker.numerics.speed import check_after_run
 from worker.numerics.summary import RunContext, SummaryBuilder
-from worker.telemetry.batch_loss import BatchLoss, StepTelemetry, compiled_loss
+from worker.telemetry.batch_loss import BatchLoss, StepTelemetry
 from worker.telemetry.reporters import ListReporter, Reporter
 
 log = logging.getLogger(__name__)
@@ -176,23 +175,14 @@ class Training:
         self.builder.data_use = lambda done: data_use(self.dataset, held, done)
         self.writer = checkpoint.CheckpointWriter(out, resume.durable)
         self.last_saved = self.start
-        self.check: Float32Check | None = None
-        # The float32 and layer checks differentiate outside `fit`, on one device: off on several (docs/numerics.md).
-        half = policy.compute_dtype != "float32" and strategy is None
-        every = t.underflow_check_every if half else 0
-        layer_every = 0 if strategy is not None else t.layer_check_every if t.layer_check_every is not None else every
-        if every > 0 or layer_every > 0:
-            twin_spec = spec.model_copy(update={"precision_policy": PrecisionPolicy.FLOAT32, "layer_policies": {}})
-            self.check = Float32Check(
-                build_twin=lambda: build_model(twin_spec, on_cpu_tf=on_cpu_tf).model, loss=compiled_loss(built.loss),
-                every=every, layer_every=layer_every, start_step=self.start, batch_size=t.batch_size,
-                compute_dtype=policy.compute_dtype, mode=optimizer.mode, build_pinned=pinned_builder(spec, on_cpu_tf),
-                need_advice=lambda: self.builder.underflow_advice is None, on_error=self.builder.set_check_error)
+        self.builder.fp8 = built.fp8
+        self.check = make_check(spec, built, optimizer.mode, self.start, strategy is not None, on_cpu_tf, self.builder)
         self.recorder = StepRecorder(
             reporter=reporter, summary=self.builder, start_step=self.start, batch_size=t.batch_size,
             learning_rate=t.learning_rate, report_interval_s=settings.report_interval_s,
             report_max_records=settings.report_max_records, checks=None if self.check is None else self.check.results,
             layer_checks=None if self.check is None else self.check.layer_results,
+            fp8_counts=None if self.check is None else self.check.fp8_counts,
         )
         self.divergence = DivergenceGuard(self.recorder, self.builder)
         self.evaluator: Evaluator | None = None

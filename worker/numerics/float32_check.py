@@ -10,15 +10,12 @@ own weights and batch:
 - under the job's policy, at the loss scale in force, unscaled in float32;
 - in a float32 twin of the model (same layers, every one in float32), unscaled.
 
-The step's record then carries `excess_zero_fraction` (the share of gradient
-values that are zero under the policy but not in float32) and
-`grad_rel_error` (||g_policy - g_float32|| / ||g_float32||). A check whose
-excess zeros reach `UNDERFLOW_EXCESS` of all values, or `UNDERFLOW_EXCESS_ONE_TENSOR`
-of one weight tensor's, is flagged. The first flagged check also tries the
-step again at a larger scale (estimated from the smallest float32 magnitudes
-that were lost, against the compute dtype's smallest positive value, and capped
-where the largest gradients would overflow) to say whether scaling recovers
-the lost values, and at about what scale.
+The step's record then carries `excess_zero_fraction` (the share of gradient values that are zero
+under the policy but not in float32) and `grad_rel_error` (||g_policy - g_float32|| / ||g_float32||).
+A check whose excess zeros reach `UNDERFLOW_EXCESS` of all values, or `UNDERFLOW_EXCESS_ONE_TENSOR` of
+one weight tensor's, is flagged. The first flagged check also tries the step again at a larger scale
+(from the smallest lost float32 magnitudes against the dtype's smallest value, capped where the largest
+gradients would overflow) to say whether scaling recovers the lost values, and at about what scale.
 """
 
 from __future__ import annotations
@@ -36,6 +33,7 @@ from keras import ops
 
 from mpjobs.contract.plan import PrecisionPlan
 from mpjobs.contract.records import LayerCheck
+from worker.numerics.fp8_counts import Fp8Counter
 from worker.numerics.gradients import GradientFn, current_values, gradient_fn
 from worker.numerics.layer_numerics import (
     SMALLEST,
@@ -49,13 +47,13 @@ from worker.numerics.layer_numerics import (
 )
 from worker.numerics.plan import Candidates, search
 from worker.numerics.scale_search import doublings, how_to_scale, largest_scale, layer_recovery, power_of_two
+from worker.telemetry.fp8_state import weight_indices
 from worker.telemetry.optimizer import TelemetryOptimizer
 from worker.telemetry.step_vector import CALL_STEPS_KEY
 
 log = logging.getLogger(__name__)
 
-UNDERFLOW_EXCESS = 0.01
-"""A check is flagged when this share of all gradient values is zero under the policy but not in float32,"""
+UNDERFLOW_EXCESS = 0.01  # A check is flagged when this share of all gradient values is zero only under the policy,
 __all__ = ["UNDERFLOW_EXCESS", "CheckResult", "Float32Check", "floor_percent"]
 
 
@@ -100,8 +98,7 @@ def _compare(policy: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> _
 
 
 def _flagged(c: _Comparison) -> bool:
-    return c.excess >= UNDERFLOW_EXCESS or any(
-        flagged_share(count, size) for count, size in zip(c.counts, c.sizes, strict=True))
+    return c.excess >= UNDERFLOW_EXCESS or any(map(flagged_share, c.counts, c.sizes))
 
 
 def _due(every: int, step: int) -> bool:
@@ -128,17 +125,20 @@ class Float32Check(keras.callbacks.Callback):
         build_pinned: builds the job's model with some layers in float32 (worker/numerics/plan.py): with it,
             the first layer check that flags a layer carries a precision plan; None, no plan.
         always_plan: search for a plan on the first layer check even when it flags nothing (`plan: "auto"`).
+        fp8: the model has FP8 layers: compare with float32 whatever `compute_dtype`, and count each FP8 tensor's
+            saturated and lost values at every check (worker/numerics/fp8_counts.py) into `fp8_counts`.
     """
 
     def __init__(self, *, build_twin: Callable[[], keras.Model], loss: keras.losses.Loss, every: int,
                  start_step: int, batch_size: int, compute_dtype: str, mode: str,
                  need_advice: Callable[[], bool], on_error: Callable[[str], None] = lambda message: None,
                  layer_every: int = 0, clock: Callable[[], float] = time.time, always_plan: bool = False,
-                 build_pinned: Callable[[dict[str, str]], keras.Model] | None = None) -> None:
+                 build_pinned: Callable[[dict[str, str]], keras.Model] | None = None, fp8: bool = False) -> None:
         super().__init__()
         self.on_error, self.clock = on_error, clock
         self.build_twin, self.loss = build_twin, loss
-        self.compare = compute_dtype != "float32"
+        self.compare, self.fp8 = compute_dtype != "float32" or fp8, None if not fp8 else Fp8Counter(loss)
+        self.fp8_counts: dict[int, dict[tuple[str, str], tuple[float, float]]] = {}
         self.every, self.layer_every = (every if self.compare else 0), layer_every
         self.step, self.batch_size = start_step, batch_size
         self.compute_dtype, self.mode, self.need_advice = compute_dtype, mode, need_advice
@@ -219,6 +219,7 @@ class Float32Check(keras.callbacks.Callback):
             self._twin_grads = gradient_fn(self._twin, self.loss, probe)
         assert self._twin_grads is not None
         trainable, non_trainable = current_values(self.model)
+        trainable = [trainable[i] for i in weight_indices(self.model.trainable_variables)]  # no FP8 state
         as_float32 = [ops.cast(v, "float32") if "float" in str(v.dtype) else v for v in trainable]
         twin_non_trainable = [ops.cast(v, t.dtype) for v, t in zip(non_trainable, self._twin.non_trainable_variables,
                                                                   strict=True)]
@@ -229,6 +230,8 @@ class Float32Check(keras.callbacks.Callback):
     def check(self, step: int, x: np.ndarray, y: np.ndarray) -> None:
         """The checks due at `step`, on its batch: into `results` and `layer_results`."""
         scale = self._scale()
+        if self.fp8 is not None:
+            self.fp8_counts[step] = self.fp8(self.model, x, y, scale)
         policy, stats, signals = self._policy(x, y, scale)
         reference, reference_signals = self._reference(x, y) if self.compare else (None, [])
         if _due(self.layer_every, step) and self._probe is not None:
@@ -245,7 +248,7 @@ class Float32Check(keras.callbacks.Callback):
         if reference is None or not _due(self.every, step):
             return
         c = _compare(policy, reference)
-        names = [v.path for v in self.model.trainable_variables]
+        names = [self.model.trainable_variables[i].path for i in weight_indices(self.model.trainable_variables)]
         worst = int(np.argmax(c.per_tensor)) if c.per_tensor and max(c.per_tensor) > 0 else None
         flagged = _flagged(c)
         advice = None

@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING, Any
 import keras
 from keras import ops
 
-from worker.telemetry.optimizer import dense
+from worker.telemetry.fp8_state import weight_indices
+from worker.telemetry.gradient_kinds import dense
 
 if TYPE_CHECKING:
     from worker.numerics.layer_numerics import LayerProbe
 
 GradientFn = Callable[..., tuple[list[Any], Any, list[Any]]]
-"""(trainable, non_trainable, x, y, scale) -> (the unscaled float32 gradient, one array per weight;
+"""(trainable, non_trainable, x, y, scale) -> (the unscaled float32 gradient, one array per weight (an FP8
+layer's scales and amax histories are not weights: `worker.telemetry.fp8_state.weight_indices`);
 the probe's activation statistics, or an empty tuple without a probe; the gradient reaching each probed
 layer's output, scaled, in its dtype: empty without a probe, and under JAX; an empty array for an output the
 loss does not depend on)."""
@@ -48,6 +50,7 @@ def gradient_fn(model: keras.Model, loss: keras.losses.Loss, probe: LayerProbe |
             value = value + ops.cast(ops.sum(penalty), "float32")
         return value * scale, stats, layer_outputs
 
+    weights = weight_indices(model.trainable_variables)
     backend = keras.backend.backend()
     if backend == "tensorflow":
         import tensorflow as tf
@@ -62,8 +65,8 @@ def gradient_fn(model: keras.Model, loss: keras.losses.Loss, probe: LayerProbe |
             # The gradient reaching each layer's output, in its dtype, as backpropagation had it (scaled). None:
             # the output is not on the loss's path, so nothing was measured there (empty, never zeros read as lost).
             signals = [tf.zeros((0,), o.dtype) if g is None else g for g, o in zip(signals, layer_outputs, strict=True)]
-            return [tf.zeros(t.shape, "float32") if g is None else tf.cast(dense(g), "float32") / scale
-                    for g, t in zip(grads, trainable, strict=True)], stats, signals
+            return [tf.zeros(trainable[i].shape, "float32") if grads[i] is None
+                    else tf.cast(dense(grads[i]), "float32") / scale for i in weights], stats, signals
 
         return tf_gradients
     if backend == "jax":
@@ -77,7 +80,7 @@ def gradient_fn(model: keras.Model, loss: keras.losses.Loss, probe: LayerProbe |
                 return value, stats
 
             grads, stats = jax.grad(value_and_stats, has_aux=True)(trainable, non_trainable, x, y, scale)
-            return [ops.cast(g, "float32") / scale for g in grads], stats, []
+            return [ops.cast(grads[i], "float32") / scale for i in weights], stats, []
 
         return jax.jit(jax_gradients)
     raise NotImplementedError(f"the float32 check supports the tensorflow and jax backends, not {backend}")

@@ -32,20 +32,19 @@ import numpy as np
 from keras import ops
 
 from mpjobs.contract.records import LayerCheck, LayerNumerics
+from worker.telemetry.fp8_state import weight_indices
 
 SMALLEST = {"float16": 2.0**-24, "bfloat16": 2.0**-133, "float32": 2.0**-149}
 """The smallest positive value (subnormal) of each dtype."""
 SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126}
 LARGEST = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
 UNDERFLOW_EXCESS_ONE_TENSOR = 0.05
-"""A weight tensor, or a layer, is flagged when this share of its gradient values is zero under the policy
-but not in float32,"""
+"""A weight tensor, or a layer, is flagged when this share of its gradient values is zero only under the policy,"""
 UNDERFLOW_MIN_VALUES_ONE_TENSOR = 16
 """... when that is at least this many values: one bias value of 16 that float16 rounds to exactly
 zero where float32 keeps a remainder is rounding, not a layer that stopped learning."""
 HEADROOM_DOUBLINGS = 2.0
-"""Activations within this many doublings of the dtype's largest value are named: a quarter of 65,504
-for float16. A loss scale does not touch activations, so nothing backs them off."""
+"""Activations this many doublings from the dtype's largest (65,504/4 for float16) are named: no scale helps."""
 
 
 def flagged_share(lost: int, values: int) -> bool:
@@ -85,7 +84,7 @@ class LayerGroup:
     name: str
     kind: str
     variables: tuple[int, ...]
-    """Indices of its trainable variables in `model.trainable_variables`."""
+    """Indices of its weights among the model's (its trainable variables less FP8 state, as gradient_fn returns)."""
     probed: int | None
     """Its output's position among the probe's extra outputs; None when its output cannot be read."""
     dtype: str | None
@@ -96,7 +95,8 @@ class LayerProbe:
     """The model's top-level layers, their variables, and a model that also returns each layer's output."""
 
     def __init__(self, model: keras.Model) -> None:
-        index = {id(v): i for i, v in enumerate(model.trainable_variables)}
+        full = {id(v): i for i, v in enumerate(model.trainable_variables)}
+        index = {id(model.trainable_variables[i]): k for k, i in enumerate(weight_indices(model.trainable_variables))}
         owned: set[int] = set()
         groups: list[LayerGroup] = []
         outputs: list[Any] = []
@@ -118,7 +118,7 @@ class LayerProbe:
         self.groups = groups
         inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs  # called with one tensor, not a list
         self.model = keras.Model(inputs, [model.outputs[0], *outputs], name=f"{model.name}_probe")
-        self._trainable = [index[id(v)] for v in self.model.trainable_variables]
+        self._trainable = [full[id(v)] for v in self.model.trainable_variables]
         non_trainable = {id(v): i for i, v in enumerate(model.non_trainable_variables)}
         self._non_trainable = [non_trainable[id(v)] for v in self.model.non_trainable_variables]
         self._dtypes = [keras.backend.standardize_dtype(o.dtype) for o in outputs]

@@ -54,6 +54,7 @@ from worker.numerics.layer_numerics import (
     weights_lost,
 )
 from worker.numerics.scale_search import doublings
+from worker.telemetry.fp8_state import is_state
 
 MAX_CANDIDATES = 32
 """Candidate plans tried on one step, at most: each rebuilds and differentiates the model once."""
@@ -108,12 +109,19 @@ class Candidate:
         return len(self.flagged) + excess + beyond
 
 
-def _values_for(variables: Sequence[Any], values: Sequence[Any]) -> list[Any]:
-    """The job's weight values for a pinned copy's variables, in its dtypes; refused unless the shapes match."""
-    shapes = [tuple(v.shape) for v in variables]
+def _values_for(variables: Sequence[Any], values: Sequence[Any], source: Sequence[Any] = ()) -> list[Any]:
+    """The job's weight values for a pinned copy's variables, in its dtypes; refused unless the shapes match.
+    With `source` (the job's variables, trainable): an FP8 layer's state by its path, where the copy's layer is
+    FP8 too (a pinned layer is not), weights by position."""
+    state = {v.path: value for v, value in zip(source, values, strict=True) if is_state(v)}
+    values = [value for v, value in zip(source, values, strict=True) if not is_state(v)] if source else values
+    weights = [v for v in variables if not is_state(v)]
+    shapes = [tuple(v.shape) for v in weights]
     if shapes != [tuple(np.shape(value)) for value in values]:
         raise ValueError(f"Expected the pinned copy's variables to match the model's. Received shapes {shapes}.")
-    return [ops.cast(value, v.dtype) for v, value in zip(variables, values, strict=True)]
+    given = iter(values)
+    return [ops.cast(state.get(v.path, v.value), v.dtype) if is_state(v) else ops.cast(next(given), v.dtype)
+            for v in variables]
 
 
 class Candidates:
@@ -127,6 +135,7 @@ class Candidates:
         # By position, not by path: a copy built in the same session names the sublayers Keras names itself
         # anew (a transformer's `position_embedding/embedding_2`), while its variables come in the same order.
         self.trainable, self.non_trainable = list(values[0]), list(values[1])
+        self.source = list(model.trainable_variables)
         self.evaluated, self.deadline = 0, time.monotonic() + MAX_SECONDS
         self._built: dict[frozenset[str], tuple[keras.Model, LayerProbe, Any]] = {}
 
@@ -145,7 +154,7 @@ class Candidates:
             fn = gradient_fn(model, self.loss, probe)
             if not pins:  # kept; a pinned copy is not, so a large model's 32 candidates are never held at once
                 self._built[pins] = (model, probe, fn)
-        trainable = _values_for(model.trainable_variables, self.trainable)
+        trainable = _values_for(model.trainable_variables, self.trainable, self.source)
         non_trainable = _values_for(model.non_trainable_variables, self.non_trainable)
         grads, stats, signals = fn(trainable, non_trainable, self.x, self.y, ops.convert_to_tensor(scale, "float32"))
         policy = [np.asarray(ops.convert_to_numpy(g), dtype=np.float32) for g in grads]

@@ -59,14 +59,14 @@ CONFIDENCE = 0.95
 def float32_twin(spec: JobSpec) -> JobSpec:
     """The same job in float32, without loss scaling."""
     return spec.model_copy(update={"precision_policy": PrecisionPolicy.FLOAT32, "loss_scale": NoLossScale(),
-                                   "layer_policies": {}})
+                                   "layer_policies": {}, "fp8": None})
 
 
 def variant_spec(spec: JobSpec, variant: Variant) -> JobSpec:
     """`spec` with `variant`'s policy and loss scaling: what that variant's job trains."""
     pins = spec.layer_policies if variant.layer_policies is None else variant.layer_policies
     return spec.model_copy(update={"precision_policy": variant.precision_policy, "loss_scale": variant.loss_scale,
-                                   "layer_policies": pins})
+                                   "layer_policies": pins, "fp8": variant.fp8})
 
 
 class _StepClock(keras.callbacks.Callback):
@@ -235,7 +235,8 @@ def check_after_run(spec: JobSpec, device: DeviceInfo, settings: Settings, datas
     the figures out: the job itself succeeded.
     """
     if spec.speed_check is None:  # a plan variant times its planned model on any device: pins cost speed
-        own = (device.kind == "cpu" or spec.plan == "auto") and spec.precision_policy.compute_dtype != "float32"
+        own = (device.kind == "cpu" or spec.plan == "auto") and (spec.precision_policy.compute_dtype != "float32"
+                                                                 or spec.fp8 is not None)
         specs = [spec] if own else []
     else:
         specs = [variant_spec(spec, v) for v in spec.speed_check]

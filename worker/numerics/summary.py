@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from mpjobs.contract.fp8 import Fp8Layers
 from mpjobs.contract.plan import PrecisionPlan
 from mpjobs.contract.records import (
     DataUse,
@@ -26,6 +27,7 @@ from mpjobs.contract.records import (
 )
 from mpjobs.contract.spec import LossScaleMode
 from worker.numerics.float32_check import CheckResult
+from worker.numerics.fp8_diagnoses import Fp8Watch
 from worker.numerics.layer_diagnoses import overflow_words, underflow_words
 from worker.numerics.layer_numerics import floor_percent, scale_text
 
@@ -98,21 +100,16 @@ class SummaryBuilder:
         self.data_use: Callable[[int], DataUse] | None = None
         self.plan: PrecisionPlan | None = None  # `plan: "auto"`: derived again by every attempt, so not in `state`
         self.steps_per_call: Callable[[], int | None] = lambda: None  # set by the engine: its calls so far
+        self.fp8: Fp8Layers | None = None  # set by the engine: the FP8 layers, and the rest
+        self.fp8_watch = Fp8Watch(s.get("fp8"))
         """What training does with the data, for a number of steps done (worker.engine.data.data_use)."""
 
     def state(self) -> dict[str, Any]:
         return {
-            "steps_done": self.steps_done,
-            "recent_losses": list(self.recent_losses),
-            "skipped_steps": self.skipped_steps,
-            "first_skip": self.first_skip,
-            "skip_kinds": self.skip_kinds,
-            "scale_first": self.scale_first,
-            "scale_grew": self.scale_grew,
-            "scale_rose_last": self.scale_rose_last,
-            "scale_min": self.scale_min,
-            "scale_max": self.scale_max,
-            "scale_final": self.scale_final,
+            "steps_done": self.steps_done, "recent_losses": list(self.recent_losses),
+            "skipped_steps": self.skipped_steps, "first_skip": self.first_skip, "skip_kinds": self.skip_kinds,
+            "scale_first": self.scale_first, "scale_grew": self.scale_grew, "scale_rose_last": self.scale_rose_last,
+            "scale_min": self.scale_min, "scale_max": self.scale_max, "scale_final": self.scale_final,
             "peak_zero": self.peak_zero,
             "float32_checks": self.float32_checks,
             "underflow_checks": self.underflow_checks,
@@ -129,6 +126,7 @@ class SummaryBuilder:
             "underflow_layer": list(self.underflow_layer) if self.underflow_layer else None,
             "overflow_layer": list(self.overflow_layer) if self.overflow_layer else None,
             "validation": self.validation.model_dump(mode="json") if self.validation else None,
+            "fp8": self.fp8_watch.state(),
         }
 
     def _skip_words(self) -> str:
@@ -178,6 +176,8 @@ class SummaryBuilder:
         self.scale_max = r.loss_scale if self.scale_max is None else max(self.scale_max, r.loss_scale)
         self.scale_final = r.loss_scale
         self.peak_zero = max(self.peak_zero or 0.0, r.zero_grad_fraction)
+        if r.fp8:
+            self.fp8_watch.add(r)
         if timed:
             self.timed_examples += batch_size
             self.timed_seconds += r.step_time_ms / 1000.0
@@ -276,6 +276,8 @@ class SummaryBuilder:
                     f"model ran under {c.policy}."
                 ),
             ))
+        if self.fp8 is not None:
+            out += self.fp8_watch.diagnoses(self.fp8.amax_history_length, self.steps_done)
         return out
 
     def summary(self) -> Summary:
@@ -302,5 +304,5 @@ class SummaryBuilder:
             diagnoses=self.diagnoses(),
             validation=self.validation,
             data=self.data_use(self.steps_done) if self.data_use else None, plan=self.plan,
-            steps_per_call=self.steps_per_call(),
+            steps_per_call=self.steps_per_call(), fp8=self.fp8,
         )

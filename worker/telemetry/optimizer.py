@@ -33,6 +33,8 @@ import keras
 from keras import ops
 
 from app.core.errors import NoGradient
+from worker.telemetry.fp8_state import FIELDS_PER_TENSOR, is_state, slots, step_state
+from worker.telemetry.gradient_kinds import dense, unscale
 from worker.telemetry.replicas import all_reduce_sum, apply_on_every_replica, replica_context
 from worker.telemetry.step_vector import GRADS_FINITE, TELEMETRY_FIELDS, ZERO_COUNT_SPLIT, Telemetry
 
@@ -62,29 +64,6 @@ def _zero_count(grads: list[Any], sign: bool) -> Any:
         else:
             counts.append(ops.sum(ops.cast(ops.equal(g, 0.0), "int32")))
     return _total(counts)
-
-
-def _unscale(g: Any, scale: Any) -> Any:
-    """g / scale, in float32, back in g's dtype; a sparse gradient stays sparse."""
-    if g is None:
-        return None
-    if is_sparse(g):
-        return type(g)(ops.cast(ops.cast(g.values, "float32") / scale, g.values.dtype), g.indices, g.dense_shape)
-    return ops.cast(ops.cast(g, "float32") / scale, g.dtype)
-
-
-def is_sparse(g: Any) -> bool:
-    """An `Embedding` gradient under TensorFlow: `tf.IndexedSlices`, rows possibly repeated."""
-    return hasattr(g, "indices") and hasattr(g, "dense_shape")
-
-
-def dense(g: Any) -> Any:
-    """The gradient as one dense tensor; repeated rows of a sparse one are summed, as its update sums them."""
-    if not is_sparse(g):
-        return g
-    import tensorflow as tf  # only TensorFlow makes IndexedSlices
-
-    return tf.math.unsorted_segment_sum(g.values, g.indices, g.dense_shape[0])
 
 
 FAST_NORM_MIN_SQUARES = 2.0**-60
@@ -157,8 +136,12 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         the engine, so `regularization_loss` is reported beside the data loss."""
         self.gradient_elements = 0
         """Gradient values per step, known once the step is traced: the zero fraction's denominator."""
+        self.fp8_slots: list[Any] = []
+        """The FP8 layers' tensors (worker/engine/fp8.py), whose state follows the vector's 8 fields."""
+        self._state: list[bool] = []
 
     def build(self, var_list: list[keras.Variable]) -> None:
+        self.fp8_slots, self._state = slots(var_list), [is_state(v) for v in var_list]
         self.loss_scale = self.add_variable(
             shape=(), dtype="float32", initializer=keras.initializers.Constant(self.initial_scale),
             aggregation="none", name="loss_scale",
@@ -170,8 +153,8 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
             shape=(), dtype="float32", initializer="zeros", aggregation="none", name="batch_loss"
         )
         self.telemetry = self.add_variable(
-            shape=(len(TELEMETRY_FIELDS),), dtype="float32", initializer="zeros",
-            aggregation="none", name="telemetry",
+            shape=(len(TELEMETRY_FIELDS) + FIELDS_PER_TENSOR * len(self.fp8_slots),), dtype="float32",
+            initializer="zeros", aggregation="none", name="telemetry",
         )
         self.inner_optimizer.build(var_list)
         super().build(var_list)
@@ -210,13 +193,17 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
         # Every statistic is of the unscaled gradient in float32, taken before any cast back to
         # a float16/bfloat16 variable's dtype: that cast flushes what backprop itself produced.
         # Division by a scale >= 1 cannot turn a float32 value into exactly zero, so the zero
-        # count is backprop's own. Sparse gradients are summed into dense ones first.
-        present = [ops.cast(dense(g), "float32") for g in grads if g is not None]
+        # count is backprop's own. Sparse gradients are summed into dense ones first. An FP8 layer's scales
+        # and amax histories are not gradients but their new values (worker/engine/fp8.py): left out, as is.
+        state = self._state if len(self._state) == len(grads) else [False] * len(grads)
+        present = [ops.cast(dense(g), "float32") for g, fp8 in zip(grads, state, strict=True)
+                   if g is not None and not fp8]
         if self.mode != "none":
             present = [g / scale for g in present]
         self.gradient_elements = sum(math.prod(g.shape) for g in present)
         norm, finite, zeros = gradient_statistics(present)
-        unscaled = list(grads) if self.mode == "none" else [_unscale(g, scale) for g in grads]
+        unscaled = list(grads) if self.mode == "none" else [g if fp8 else unscale(g, scale)
+                                                            for g, fp8 in zip(grads, state, strict=True)]
         if self.mode == "none":  # Plain Keras applies every step.
             apply, skipped = ops.convert_to_tensor(True), ops.convert_to_tensor(0.0)
         else:
@@ -226,7 +213,9 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
             grad_norm=norm, grads_finite=finite, skipped=skipped,
             zeros_high=zeros // ZERO_COUNT_SPLIT, zeros_low=zeros % ZERO_COUNT_SPLIT,
             regularization_loss=self._penalty(trainable_variables))
-        telemetry = ops.stack([ops.cast(p, "float32") for p in parts])
+        fp8 = step_state(self.fp8_slots, [ops.convert_to_tensor(v) for v in trainable_variables], grads,
+                         apply) if self.fp8_slots else []
+        telemetry = ops.stack([ops.cast(p, "float32") for p in parts] + fp8)
         return apply, unscaled, telemetry
 
     def _penalty(self, trainable_variables: list[Any]) -> Any:

@@ -33,3 +33,10 @@ class Telemetry(NamedTuple):
 
 TELEMETRY_FIELDS = Telemetry._fields
 GRADS_FINITE = TELEMETRY_FIELDS.index("grads_finite")
+
+
+def split(vector: list[float]) -> tuple[Telemetry, tuple[float, ...]]:
+    """The optimizer's vector as its named fields, and what follows them: the FP8 layers' state
+    (worker/telemetry/fp8_state.py), empty without FP8 layers."""
+    width = len(TELEMETRY_FIELDS)
+    return Telemetry(*vector[:width]), tuple(vector[width:])

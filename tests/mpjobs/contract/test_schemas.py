@@ -287,6 +287,7 @@ NUMBER_FIELDS: list[tuple[str, str, Any, Any]] = [
     ("TrainingSpec", "underflow_check_every", lambda v: {"model": MLP, "training": {"underflow_check_every": v}}, 7),
     ("TrainingSpec", "layer_check_every", lambda v: {"model": MLP, "training": {"layer_check_every": v}}, 7),
     ("TrainingSpec", "devices", lambda v: {"model": MLP, "training": {"devices": v, "batch_size": 32}}, 2),
+    ("Fp8Spec", "amax_history_length", lambda v: {"model": MLP, "fp8": {"amax_history_length": v}}, 16),
     ("SyntheticDataset", "samples", lambda v: {"model": MLP, "dataset": {"samples": v}}, 64),
     ("SyntheticDataset", "seed", lambda v: {"model": MLP, "dataset": {"seed": v}}, 1),
     ("FixedLossScale", "scale", lambda v: {"model": MLP, "loss_scale": {**FIXED, "scale": v}}, 8),

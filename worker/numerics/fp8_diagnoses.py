@@ -121,8 +121,9 @@ class Fp8Watch:
                        "held only zeros: this tensor was all zeros on every step of the window (for an output "
                        "gradient: no gradient reached the layer), and Keras keeps the last scale then")
                 out.append(Diagnosis(code=DiagnosisCode.FP8_SCALE_STUCK, first_step=stuck["first"], layer=layer,
-                                     message=(f"{_what(key)}'s scale could not follow its values on {stuck['steps']} "
-                                              f"step{'s' * (stuck['steps'] != 1)} (first at step {stuck['first']}, "
+                                     message=(f"The scale of {_what(key)} could not follow its values on "
+                                              f"{stuck['steps']} step{'s' * (stuck['steps'] != 1)} (first at step "
+                                              f"{stuck['first']}, "
                                               f"at scale {stuck['scale']:.3g}): its amax history {why}.")))
         return out
 

@@ -19,6 +19,7 @@ from app.core.config import Settings
 from mpjobs.contract.records import Diagnosis, Summary
 from mpjobs.contract.spec import JobSpec
 from worker.engine.devices import detect_device
+from worker.engine.models import build_model
 from worker.engine.training import Training
 from worker.telemetry.reporters import ListReporter
 
@@ -207,3 +208,29 @@ def test_a_layer_no_gradient_reaches_has_its_output_gradient_scale_stuck(tmp_pat
     for diagnosis in stuck.values():  # from step 3: steps 1 and 2 run at the initial scale anyway
         assert diagnosis.first_step == 3 and "on 6 steps (first at step 3, at scale 1)" in diagnosis.message
         assert "held only zeros" in diagnosis.message
+
+
+def test_the_gradient_statistics_are_of_the_weights_alone(tmp_path: Path, settings: Settings) -> None:
+    """An FP8 layer's scales and amax histories are trainable variables whose "gradient" is their next value:
+    the step's norm and zero share cover the kernels and biases only, as a plain tape on them computes."""
+    import tensorflow as tf
+
+    spec = fp8_spec(1, 4, 0)
+    x, y = batches(1, seed=6)
+    keras.utils.set_random_seed(spec.training.seed)
+    model = build_model(spec, on_cpu_tf=True).model
+    weights = [v for v in model.trainable_variables if not v.path.endswith(("_scale", "_amax_history"))]
+    assert [v.path for v in weights] == ["hidden/kernel", "hidden/bias", "out/kernel", "out/bias"]
+
+    @tf.function  # Keras's FP8 gradient runs in a graph only
+    def gradient() -> list[tf.Tensor]:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x[0], training=True) - y[0]))
+        return tape.gradient(loss, weights)
+
+    grads = [np.asarray(g, dtype=np.float64) for g in gradient()]
+    run = Run(spec, tmp_path, settings)
+    run.fit(x, y)
+    (record,) = run.reporter.records
+    assert record.grad_norm == pytest.approx(np.sqrt(sum(float(np.sum(g * g)) for g in grads)), rel=1e-5)
+    assert record.zero_grad_fraction == sum(int(np.count_nonzero(g == 0)) for g in grads) / sum(g.size for g in grads)

@@ -13,6 +13,7 @@ from enum import Enum
 from pathlib import Path
 
 from app.api import heldout
+from app.api.fp8_report import FP8_RISK, fp8_lost, fp8_phrase
 from app.api.plan_report import own_speed, plan_label, plan_sentence
 from app.api.resources import ComparisonReport, VariantResult
 from mpjobs.contract.comparisons import HeldOut, held_out_words
@@ -66,7 +67,7 @@ def _result(variant: Variant, job: JobRecord, base: JobRecord, is_base: bool,
         diagnoses.append(Diagnosis(code=SLOW, first_step=None, message=timed.slow_precision))
     return VariantResult(
         label=variant.label, precision_policy=variant.precision_policy, loss_scale=variant.loss_scale,
-        baseline=is_base, job_id=job.id, state=job.state, progress=job.progress,
+        fp8=variant.fp8, baseline=is_base, job_id=job.id, state=job.state, progress=job.progress,
         final_loss=final,
         loss_gap=(final - base_final) / abs(base_final) if final is not None and base_final else None,
         examples_per_sec=summary.mean_examples_per_sec if summary else None,
@@ -139,6 +140,8 @@ def _phrase(r: VariantResult, tolerance: float, noise: HeldOut | None = None) ->
             if excess is not None else ""
         end = f", and its loss ends {percent(gap, sign=True)} from float32's" if gap is not None else ""
         return f"{r.label}: {cause} gradients underflow{zero}{end}"
+    if fp8_lost(r):
+        return fp8_phrase(r)
     if r.held_out is not None:
         skips = f", skipping {r.skipped_steps} overflow steps" if r.skipped_steps else ""
         worse = ", measurably worse" if _worse(r.held_out) else ""
@@ -164,7 +167,7 @@ def _risk_of(compute_dtype: str, mode: str) -> int:
 def _risk(r: VariantResult) -> int:
     full_low = r.precision_policy.variable_dtype != "float32"  # weights stored in 16 bits too
     mode = r.loss_scale.mode if r.loss_scale is not None else "none"
-    return _risk_of(r.precision_policy.compute_dtype, mode) + (4 if full_low else 0)
+    return _risk_of(r.precision_policy.compute_dtype, mode) + (4 if full_low else 0) + (FP8_RISK if r.fp8 else 0)
 
 
 class Outcome(str, Enum):
@@ -196,7 +199,7 @@ def outcome(r: VariantResult, tolerance: float) -> Outcome:
         return Outcome.NO_LOSS
     elif abs(r.loss_gap) > tolerance:
         return Outcome.OFF
-    return Outcome.FLAGGED if UNDERFLOW in {d.code for d in r.diagnoses} else Outcome.MATCHED
+    return Outcome.FLAGGED if UNDERFLOW in {d.code for d in r.diagnoses} or fp8_lost(r) else Outcome.MATCHED
 
 
 def _names(rows: list[VariantResult]) -> str:
@@ -209,7 +212,8 @@ def _what(o: Outcome, r: VariantResult, tolerance: float, many: bool) -> str:
     basis = f"held-out {r.held_out.metric}" if r.held_out is not None else f"loss within {percent(tolerance)}"
     return {
         Outcome.MATCHED: f"matched float32's {basis}",
-        Outcome.FLAGGED: f"matched float32's {basis} but {'their' if many else 'its'} gradients underflow",
+        Outcome.FLAGGED: f"matched float32's {basis} but {'their' if many else 'its'} "
+                         + ("FP8 lost values" if fp8_lost(r) else "gradients underflow"),
         Outcome.OFF: f"ended more than {percent(tolerance)} from float32's loss",
         Outcome.WORSE: "ended measurably worse than float32 on held-out data",
         Outcome.NO_LOSS: "had no final loss to compare",
@@ -261,7 +265,8 @@ def _closing(rows: list[tuple[VariantResult, Outcome]], tolerance: float, device
     if matched:
         return f"{tally} {not_faster}: {hardware}"
     if Outcome.FLAGGED in outcomes:
-        return tally + " A variant whose gradients underflow is not recommended: keep float32."
+        lost = ", or whose FP8 lost values," if any(fp8_lost(r) for r, _ in rows) else ""
+        return tally + f" A variant whose gradients underflow{lost} is not recommended: keep float32."
     if outcomes == {Outcome.UNFINISHED}:
         return " No variant finished: keep float32."
     if Outcome.WORSE not in outcomes:

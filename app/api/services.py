@@ -176,7 +176,7 @@ def plan(store: JobStore, job_id: str, tenant: str) -> PlanView:
         after = page.next_after
     if flagged:
         raise PlanNotFound(job_id, "its search failed on the first flagged layer check (the worker's log says why).")
-    if job.spec.precision_policy.compute_dtype == "float32":
+    if job.spec.precision_policy.compute_dtype == "float32" and job.spec.fp8 is None:
         raise PlanNotFound(job_id, "it computes in float32, so nothing is planned.")
     if not job.state.terminal:
         raise PlanNotFound(job_id, f"it is {job.state.value}, and no layer check has found underflow or overflow "

@@ -137,9 +137,9 @@ def builtin_size(model: BuiltinModel) -> ModelSize:
 
 def float32_twin_runs(spec: JobSpec) -> bool:
     """Whether the job builds a float32 twin of its model: the float32 check or the layer checks under a
-    float16/bfloat16 compute policy, on one device (as worker/engine/training.py decides)."""
+    float16/bfloat16 compute policy or with FP8 layers, on one device (as worker/engine/checks.py decides)."""
     t = spec.training
-    half = spec.precision_policy.compute_dtype != "float32" and t.devices == 1
+    half = (spec.precision_policy.compute_dtype != "float32" or spec.fp8 is not None) and t.devices == 1
     return half and (t.underflow_check_every > 0 or (t.layer_check_every or 0) > 0)
 
 

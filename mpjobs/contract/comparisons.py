@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from mpjobs.contract.fp8 import Fp8Spec
 from mpjobs.contract.jobs import JobError, JobState, Progress
 from mpjobs.contract.records import Diagnosis, PrecisionSpeed
 from mpjobs.contract.spec import ComparisonSpec, LossScale, PrecisionPolicy
@@ -48,6 +49,8 @@ class VariantResult(BaseModel):
     label: str
     precision_policy: PrecisionPolicy
     loss_scale: LossScale | None
+    fp8: Fp8Spec | None = None
+    """The variant's FP8 (None: none)."""
     baseline: bool
     """The float32 variant every other one is measured against."""
     job_id: str

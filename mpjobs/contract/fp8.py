@@ -121,16 +121,16 @@ def fp8_capable(model: Any) -> bool:
     return getattr(model, "name", None) != "conv3d_unet"
 
 
-def check_fp8(spec: Any) -> None:
-    """An FP8 spec's policy is one FP8 computes in, its model has a layer FP8 applies to, on one device."""
-    if spec.precision_policy.value not in FP8_SOURCES:
-        raise ValueError(f"fp8 trains Dense and EinsumDense layers in FP8 around a precision_policy of "
-                         f"{', '.join(map(repr, FP8_SOURCES))}. Received: precision_policy="
-                         f"{spec.precision_policy.value!r}")
-    if not fp8_capable(spec.model):
-        raise ValueError("fp8 applies to Dense and EinsumDense layers (and those inside MultiHeadAttention), and "
-                         "this model has none: Keras trains no other layer in FP8 (Conv layers, Embedding and the "
-                         "rest keep their policy). Leave fp8 out for this model.")
-    if spec.training.devices > 1:
-        raise ValueError(f"fp8 trains on one device: each replica's FP8 scaling state would be summed across "
-                         f"replicas. Received: training.devices={spec.training.devices}")
+def check_fp8(policy: str, model: Any, devices: int, where: str = "") -> None:
+    """FP8's policy is one FP8 computes in, its model has a layer FP8 applies to, on one device; `where` prefixes
+    the fields named (`variants[1].` for a comparison's variant)."""
+    if policy not in FP8_SOURCES:
+        raise ValueError(f"{where}fp8 trains Dense and EinsumDense layers in FP8 around a precision_policy of "
+                         f"{', '.join(map(repr, FP8_SOURCES))}. Received: {where}precision_policy={policy!r}")
+    if not fp8_capable(model):
+        raise ValueError(f"{where}fp8 applies to Dense and EinsumDense layers (and those inside MultiHeadAttention), "
+                         "and this model has none: Keras trains no other layer in FP8 (Conv layers, Embedding and "
+                         f"the rest keep their policy). Leave {where}fp8 out for this model.")
+    if devices > 1:
+        raise ValueError(f"{where}fp8 trains on one device: each replica's FP8 scaling state would be summed across "
+                         f"replicas. Received: training.devices={devices}")

@@ -171,7 +171,7 @@ class JobSpec(Strict):
             if unknown := [name for name in self.layer_policies if name not in known]:
                 raise ValueError(unknown_layers_message("layer_policies", unknown, known))
         if self.fp8 is not None:
-            check_fp8(self)
+            check_fp8(self.precision_policy.value, self.model, self.training.devices)
         return self
 
 
@@ -228,6 +228,8 @@ class ComparisonSpec(Strict):
                 known = layer_names(spec.model)
                 if unknown := [name for name in variant.layer_policies if name not in known]:
                     raise ValueError(unknown_layers_message(f"variants[{index}].layer_policies", unknown, known))
+            if spec is not None and variant.fp8 is not None:
+                check_fp8(variant.precision_policy.value, spec.model, spec.training.devices, f"variants[{index}].")
         if not any(v.is_float32 for v in variants):
             raise ValueError("variants must include a 'float32' variant: it is the baseline every other "
                              "variant is compared with.")

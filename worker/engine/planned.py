@@ -37,7 +37,7 @@ def planned_spec(spec: JobSpec, on_cpu_tf: bool, settings: Settings) -> tuple[Jo
     """The spec to train, and the plan it applies: `spec` itself and None unless it asks for `plan: "auto"`
     under a float16/bfloat16 policy. A step 1 that flags nothing gets the plan that says so."""
     policy = spec.precision_policy
-    if spec.plan != "auto" or policy.compute_dtype == "float32":
+    if spec.plan != "auto" or (policy.compute_dtype == "float32" and spec.fp8 is None):
         return spec, None
     keras.utils.set_random_seed(spec.training.seed)
     built = build_model(spec, on_cpu_tf=on_cpu_tf)
@@ -48,12 +48,12 @@ def planned_spec(spec: JobSpec, on_cpu_tf: bool, settings: Settings) -> tuple[Jo
                            settings.data_root, token_ids(model, spec), settings.datasets_dir())
     dataset, _ = hold_out(spec, dataset, tuple(model.input_shape[1:]), settings.data_root, settings.datasets_dir())
     x, y = next(iter(dataset.batches(0, 1)))
-    twin = spec.model_copy(update={"precision_policy": PrecisionPolicy.FLOAT32, "layer_policies": {}})
+    twin = spec.model_copy(update={"precision_policy": PrecisionPolicy.FLOAT32, "layer_policies": {}, "fp8": None})
     check = Float32Check(
         build_twin=lambda: build_model(twin, on_cpu_tf=on_cpu_tf).model, loss=compiled_loss(built.loss), every=1,
         layer_every=1, start_step=0, batch_size=spec.training.batch_size, compute_dtype=policy.compute_dtype,
         mode=optimizer.mode, need_advice=lambda: False, build_pinned=pinned_builder(spec, on_cpu_tf),
-        always_plan=True)
+        always_plan=True, fp8=spec.fp8 is not None)
     check.set_model(model)
     check.check(1, x[:spec.training.batch_size], y[:spec.training.batch_size])
     plan = check.layer_results[1].plan

@@ -234,3 +234,23 @@ def test_the_gradient_statistics_are_of_the_weights_alone(tmp_path: Path, settin
     (record,) = run.reporter.records
     assert record.grad_norm == pytest.approx(np.sqrt(sum(float(np.sum(g * g)) for g in grads)), rel=1e-5)
     assert record.zero_grad_fraction == sum(int(np.count_nonzero(g == 0)) for g in grads) / sum(g.size for g in grads)
+
+
+def test_an_fp8_run_resumes_with_its_scales_histories_and_diagnoses(train: Any, tmp_path: Path) -> None:
+    """The six FP8 variables of each layer are in the checkpoint, and the diagnoses' state in the summary's."""
+    spec = JobSpec.model_validate({
+        "model": {"name": "mlp", "input_dim": 8, "hidden_units": 16, "classes": 4},
+        "precision_policy": "mixed_bfloat16", "fp8": {"amax_history_length": 4},
+        "training": {"steps": 20, "checkpoint_every": 5, "steps_per_execution": 1, "underflow_check_every": 7},
+        "dataset": {"samples": 320}})
+    whole_result, whole = train(spec)
+    asked: list[bool] = []
+    first, part1 = train(spec, out=tmp_path / "stopped", should_stop=lambda: asked.append(True) or len(asked) >= 12)
+    assert first.status == "stopped" and first.summary.steps_done == 12
+    second, part2 = train(spec, out=tmp_path / "stopped")
+    assert second.start_step == 12
+    resumed = part1.records + part2.records
+    assert [r.step for r in resumed] == list(range(1, 21))
+    assert [(r.loss, r.fp8) for r in resumed] == [(r.loss, r.fp8) for r in whole.records]
+    assert second.summary.fp8 == whole_result.summary.fp8
+    assert [d.message for d in second.summary.diagnoses] == [d.message for d in whole_result.summary.diagnoses]

@@ -18,6 +18,7 @@ import pytest
 from app.core.config import Settings
 from mpjobs.contract.records import Diagnosis, Summary
 from mpjobs.contract.spec import JobSpec
+from tests.worker.numerics.test_plan import CASES, build, npz_spec
 from worker.engine.devices import detect_device
 from worker.engine.models import build_model
 from worker.engine.training import Training
@@ -254,3 +255,24 @@ def test_an_fp8_run_resumes_with_its_scales_histories_and_diagnoses(train: Any, 
     assert [(r.loss, r.fp8) for r in resumed] == [(r.loss, r.fp8) for r in whole.records]
     assert second.summary.fp8 == whole_result.summary.fp8
     assert [d.message for d in second.summary.diagnoses] == [d.message for d in whole_result.summary.diagnoses]
+
+
+def test_an_fp8_jobs_plan_takes_the_layers_it_pins_out_of_fp8(train: Any, settings: Settings) -> None:
+    """`plan: "auto"` searches an FP8 model as any other (tests/worker/numerics/test_plan.py's overflow construction:
+    2^17 times activations of about 1 pass float16's largest, so `loud` and `quiet` must be in float32). Its pinned
+    copies carry the job's FP8 state, matched by path; a Dense the plan pins leaves FP8."""
+    case = CASES["overflow"]
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(0.5, 1.5, (32, 8)).astype(np.float32), rng.integers(0, 5, 32).astype(np.int32)
+    spec = npz_spec(settings, "auto", x, y, {"keras_json": build(case, "functional").to_json(), "loss": case["loss"]},
+                    precision_policy="mixed_float16", loss_scale=case["scale"], training={"steps": 2},
+                    fp8={"amax_history_length": 4})
+    result, reporter = train(spec.model_copy(update={"plan": "auto"}))
+    plan, fp8 = result.summary.plan, result.summary.fp8
+    # FP8's own error (about 9% of the gradient here) is past the plan's 5% bound once loud and quiet are pinned:
+    # the search then also takes a Dense layer out of FP8 (`pre`, furthest from float32, on this step).
+    assert plan is not None and plan.holds and {"loud", "quiet"} <= set(plan.layer_policies), plan.moves
+    assert fp8 is not None and fp8.layers == [n for n in ("pre", "head") if n not in plan.layer_policies]
+    assert set(fp8.kept) == {"pre", "head"} - set(fp8.layers)  # a pinned Dense keeps its pin: float32
+    assert {row.layer for row in reporter.records[-1].fp8 or ()} == set(fp8.layers)
+    assert reporter.layer_checks[0].overflow_layer is None  # the planned model's own check of step 1

@@ -63,7 +63,8 @@ model.compile(optimizer=keras.optimizers.Adam(t.learning_rate), loss=loss, metri
 model.fit(data["x"][order], data["y"][order], batch_size=t.batch_size, epochs=1, shuffle=False, verbose=0,
           callbacks=[Keep()])
 print(json.dumps({"backend": keras.backend.backend(), "engine": [r.loss for r in reporter.records],
-                  "fp8_rows": len(reporter.records[-1].fp8), "plain": losses}))
+                  "fp8_rows": len(reporter.records[-1].fp8), "plain": losses,
+                  "counted": [f.underflow_fraction is not None for f in reporter.records[0].fp8]}))
 """
 
 
@@ -96,5 +97,6 @@ def test_an_fp8_run_has_the_losses_of_plain_keras_fit(backend: str, tmp_path: Pa
     assert done.returncode == 0, done.stderr[-3000:]
     ran = json.loads(done.stdout.strip().splitlines()[-1])
     assert ran["backend"] == backend and ran["fp8_rows"] == 9  # three FP8 layers, three tensors each
+    assert ran["counted"] == [True] * 9  # step 1 is checked: every tensor counted, on either backend
     assert len(ran["engine"]) == len(ran["plain"]) == steps
     assert ran["engine"] == pytest.approx(ran["plain"], rel=1e-6)

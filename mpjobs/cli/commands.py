@@ -13,6 +13,7 @@ from typing import Any, TextIO, TypeVar
 
 from mpjobs import Client
 from mpjobs.cli.exit_codes import CliError, Exit, exit_for
+from mpjobs.cli.fp8_words import fp8_section
 from mpjobs.cli.spec_flags import build_spec, file_spec
 from mpjobs.cli.watch import watch, watch_comparison
 from mpjobs.cli.words import comparison_report, evaluations_table, layers_report, spec_words, summary_lines, table
@@ -95,8 +96,7 @@ T = TypeVar("T")
 
 
 def _started(items: Iterator[T]) -> Iterator[T]:
-    """`items` with its first request made now, before any output is opened: a job that does not exist
-    (or another error) then writes nothing, not even a CSV header or an empty --output file."""
+    """`items` with its first request made now, before any output opens: a missing job writes nothing at all."""
     first = next(items, None)
     return iter(()) if first is None else itertools.chain([first], items)
 
@@ -163,10 +163,11 @@ def cmd_layers(client: Client, args: argparse.Namespace) -> int:
     latest, count = None, 0
     for check in layer_checks(client, args.job_id):  # one page at a time: only the last check is kept
         latest, count = check, count + 1
+    fp8 = fp8_section(client, args.job_id)
     with _output(args) as out:
         out.write((layers_report(args.job_id, latest, count) if latest else
                    f"job {args.job_id}: no layer checks yet (under float32 there are none unless "
-                   "training.layer_check_every is set)") + "\n")
+                   "training.layer_check_every is set)") + "\n" + ("" if fp8 is None else f"\n{fp8}\n"))
     return Exit.OK
 
 

@@ -85,6 +85,7 @@ def summary_lines(job: dict[str, Any]) -> list[str]:
         *([f"  underflow from   {s['underflow_layer']} (step {s['underflow_step']}; mpjobs layers {job['id']})"]
           if s.get("underflow_layer") else []),
         *([f"  overflow risk    {s['overflow_layer']} (step {s['overflow_step']})"] if s.get("overflow_layer") else []),
+        *([f"  fp8              {fp8_summary_words(s['fp8'])}"] if s.get("fp8") else []),
         f"  throughput       {_or_dash(speed, rate, 'n/a')} examples/s"
         + (f", up to {s['steps_per_call']} steps per call" if s.get("steps_per_call") else ""),
         *([f"  validation       {_eval_words(s['validation'])} (mpjobs evaluations {job['id']})"]
@@ -99,6 +100,16 @@ def summary_lines(job: dict[str, Any]) -> list[str]:
         since = f", from step {d['first_step']}" if d.get("first_step") is not None else ""
         lines.append(f"    - {d['message']} ({d['code']}{since})")
     return lines
+
+
+def fp8_summary_words(fp8: dict[str, Any]) -> str:
+    """An FP8 job's layers (`Summary.fp8`) in a line: those trained in FP8, those that kept their policy.
+
+    >>> fp8_summary_words({"amax_history_length": 4, "layers": ["dense", "dense_1"], "kept": []})
+    'dense, dense_1 in FP8 (amax history of 4 steps); kept their policy: none'
+    """
+    return (f"{', '.join(fp8['layers']) or 'no layer'} in FP8 (amax history of {fp8['amax_history_length']} "
+            f"steps); kept their policy: {', '.join(fp8['kept']) or 'none'}")
 
 
 def _eval_words(e: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ against a stack of real processes with API keys on. Screenshots go to test-artif
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import signal
@@ -22,8 +23,9 @@ from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.wait import WebDriverWait
 
 from app.store.keys import job_key
-from mpjobs.cli.words import precision_speed_words, speed_cell
+from mpjobs.cli.words import fp8_summary_words, precision_speed_words, speed_cell
 from mpjobs.contract.formats import number, percent, rate
+from mpjobs.contract.fp8 import Fp8Tensor
 from scripts.stack import ROOT, Stack, private_stack, stopped, wait_until
 from tests.browser import headless_chromium
 
@@ -657,3 +659,63 @@ def test_the_job_page_charts_the_held_out_evaluations_and_states_them_in_the_sum
     assert "Held-out evaluation (final)" in summary and "on 64 held-out rows at step 6" in summary
     assert "192 rows trained on (64 held out)" in summary
     assert page_errors(browser) == []
+
+
+def fp8_table(driver: WebDriver) -> list[dict[str, Any]]:
+    """The FP8 panel's rows: layer, tensor, flags and each value cell's text, read in one script call."""
+    return list(driver.execute_script("""return [...document.querySelectorAll('[data-testid="fp8-row"]')]
+        .map((r) => ({layer: r.dataset.layer, tensor: r.dataset.tensor, flags: r.dataset.flags ?? "",
+          cells: Object.fromEntries([...r.querySelectorAll("td[data-field]")]
+            .map((td) => [td.dataset.field, td.textContent]))}));"""))
+
+
+def finite(value: float | None) -> str:
+    """An FP8 row's value as the panel shows it: null (not finite) says so."""
+    return "non-finite" if value is None else number(value)
+
+
+def test_the_fp8_panel_shows_each_fp8_layer_s_latest_scaling_state_and_its_range_use_over_steps(
+    keyed_stack: Stack, api: httpx.Client, browser: WebDriver,
+) -> None:
+    created = api.post("/jobs", json={
+        "model": {"name": "mlp", "input_dim": 16, "hidden_units": 32, "classes": 4}, "dataset": {"samples": 256},
+        "precision_policy": "mixed_bfloat16", "fp8": {"amax_history_length": 4},
+        "training": {"steps": 32, "batch_size": 16, "underflow_check_every": 10}})
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    open_dashboard(browser, keyed_stack, f"#/jobs/{job_id}")  # while it is queued or training: steps arrive live
+    wait_for(browser, lambda d: attr(d, "job-page", "data-state") in ("succeeded", "failed")
+             and text_of(d, "stream-status") == "Run ended." and attr(d, "fp8-panel", "data-step") == "32",
+             120, "the job's end, its last step in the FP8 panel")
+    job = api.get(f"/jobs/{job_id}").json()
+    assert job["state"] == "succeeded", job["error"]
+    points = api.get(f"/jobs/{job_id}/metrics", params={"after": 0, "limit": 1000}).json()["points"]
+    assert [p["step"] for p in points] == list(range(1, 33))
+    latest = points[-1]
+    checked = [p for p in points if any(r.get("saturated_fraction") is not None for r in p["fp8"])][-1]
+    assert checked["step"] == 30  # the shares shown are the latest checked step's, not the latest's
+
+    # The summary's FP8 layers, a row per layer and tensor of the latest record, each cell its value.
+    layers = job["summary"]["fp8"]["layers"]
+    assert len(layers) == 2 and json.loads(attr(browser, "fp8-panel", "data-layers") or "") == layers
+    assert attr(browser, "fp8-panel", "data-checked-step") == str(checked["step"])
+    rows = fp8_table(browser)
+    assert [(r["layer"], r["tensor"]) for r in rows] == [(r["layer"], r["tensor"]) for r in latest["fp8"]]
+    assert {r["layer"] for r in rows} == set(layers)
+    assert fp8_summary_words(job["summary"]["fp8"]) in text_of(browser, "summary")  # the CLI's line, word for word
+    exact = {(r["layer"], r["tensor"]): r for r in checked["fp8"]}
+    for shown_row, row in zip(rows, latest["fp8"], strict=True):
+        counts = exact[(row["layer"], row["tensor"])]
+        assert shown_row["cells"] == {
+            "scale": finite(row["scale"]), "amax": finite(row["amax"]), "range_use": finite(row["range_use"]),
+            "lag": or_dash(Fp8Tensor.model_validate(row).lag, number), "peak_age": str(row["peak_age"]),
+            "saturated_fraction": or_dash(counts["saturated_fraction"], percent),
+            "underflow_fraction": or_dash(counts["underflow_fraction"], percent)}, row
+        assert ("saturating" in shown_row["flags"]) == (row["range_use"] is not None and row["range_use"] > 1)
+
+    # One series per layer and tensor, a point per step where its range use is finite and positive.
+    drawn = sum(1 for p in points for r in p["fp8"] if r["range_use"] is not None and r["range_use"] > 0)
+    assert attr(browser, "chart-fp8-range", "data-series") == str(len(latest["fp8"]))
+    assert attr(browser, "chart-fp8-range", "data-points") == str(drawn)
+    assert page_errors(browser) == []
+    screenshot(browser, "dashboard-fp8.png")

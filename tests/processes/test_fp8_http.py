@@ -12,7 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
+from mpjobs.contract.formats import num, percent
 from scripts.stack import Stack
+from tests.processes.test_cli import mpjobs
 from tests.processes.test_comparisons_http import finished, speed_call
 
 MLP = {"name": "mlp", "input_dim": 16, "hidden_units": 16, "classes": 4}
@@ -78,3 +80,13 @@ def test_an_fp8_comparison_runs_serves_its_fp8_state_and_judges_it(stack: Stack,
     assert fp8["speed"] == timed["speed"]
     assert "mixed_bfloat16 + fp8 (history 16)" in report["verdict"]
     assert speed_call(fp8["speed"]) in report["verdict"] or "FP8 lost values" in report["verdict"]
+    # `mpjobs layers` ends with the FP8 table of the latest step, its shares from step 20, the latest checked.
+    done = mpjobs(stack, "layers", fp8["job_id"])
+    assert done.returncode == 0, done.stderr
+    table = done.stdout.split(f"job {fp8['job_id']}: FP8 scaling at step 24; SATURATED and LOST counted at step 20")
+    assert len(table) == 2, done.stdout
+    rows = {tuple(line.split()[:2]): line.split() for line in table[1].splitlines()[2:8]}
+    for row, counted in zip(points[23]["fp8"], points[19]["fp8"], strict=True):
+        cells = rows[row["layer"], row["tensor"]]
+        assert cells[2:5] == [num(row["scale"]), num(row["amax"]), num(row["range_use"])]
+        assert cells[6:8] == [percent(counted["saturated_fraction"]), percent(counted["underflow_fraction"])]

@@ -8,6 +8,10 @@ A layer check adds, at its step, one scalar per layer and numeric field, tagged
 `layers/<layer name>/<field>` (`layers/conv3d/excess_zero_fraction`); a null
 field is left out. An evaluation adds `validation/loss` and `validation/<metric>` at its step.
 
+An FP8 job's step adds, for each FP8 layer and tensor, one scalar per field of its scaling state, tagged
+`fp8/<layer>/<tensor>/<field>` (`fp8/dense_1/outputs_grad/range_use`; the checked steps' exact shares
+too); a null field is left out.
+
 A resumed attempt starts its file with a `SessionLog.START` at the step after
 its checkpoint; TensorBoard then drops the points the lost attempt wrote past
 that step, so each step keeps one value per tag.
@@ -30,6 +34,7 @@ from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.types_pb2 import DT_STRING
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+from mpjobs.contract.fp8 import Fp8Tensor
 from mpjobs.contract.records import EvalRecord, LayerCheck, LayerNumerics, StepRecord, Summary
 
 log = logging.getLogger("mpjobs.worker")
@@ -49,6 +54,10 @@ def _is_number(annotation: Any) -> bool:
 LAYER_FIELDS = tuple(name for name, field in LayerNumerics.model_fields.items() if _is_number(field.annotation))
 """The numeric fields of a layer's numerics, each one tag per layer."""
 LAYERS_TAG = "layers"
+FP8_FIELDS = ("scale", "amax", "range_use", "history_max", "lag", "saturated_fraction", "underflow_fraction")
+"""An FP8 row's values, each one tag per layer and tensor (`lag` is the row's own property; the shares are on
+checked steps only)."""
+FP8_TAG = "fp8"
 FLUSH_SECS = 2
 
 
@@ -57,10 +66,18 @@ def _value(record: StepRecord, tag: str) -> float:
     return math.nan if value is None else float(value)  # a non-finite loss is shown, not left out
 
 
+def fp8_values(rows: Sequence[Fp8Tensor]) -> list[TbSummary.Value]:
+    """Each row's fields as scalars; a null one (not finite, or not checked at this step) is left out."""
+    return [TbSummary.Value(tag=f"{FP8_TAG}/{row.layer}/{row.tensor}/{field}", simple_value=float(value))
+            for row in rows for field in FP8_FIELDS
+            if (value := getattr(row, field)) is not None and math.isfinite(value)]
+
+
 def step_event(record: StepRecord) -> Event:
     values = [TbSummary.Value(tag=tag, simple_value=_value(record, tag)) for tag in TAGS]
     values += [TbSummary.Value(tag=tag, simple_value=float(getattr(record, tag))) for tag in SOMETIMES
                if getattr(record, tag) is not None]
+    values += fp8_values(record.fp8 or ())
     return Event(wall_time=record.time, step=record.step, summary=TbSummary(value=values))
 
 

@@ -1,8 +1,10 @@
-// #/jobs/<id>: live charts and layer checks over the metrics stream, summary, diagnoses, transitions, cancel.
+// #/jobs/<id>: live charts, layer checks and FP8 scaling over the metrics stream, summary, diagnoses, transitions,
+// cancel.
 
 import { api, followMetrics } from "./api.js";
 import { JobCharts, OverlayChart } from "./charts.js";
 import { SYNTHETIC_SAMPLES, repeatText } from "./data_fields.js";
+import { Fp8Panel, fp8SummaryText } from "./fp8.js";
 import { LayersPanel, layersHref } from "./layers.js";
 import {
   TERMINAL, errorBanner, fmtNumber, fmtPercent, fmtRate, fmtRatioRange, fmtSpeed, fmtTime, h, lossScaleText, poll,
@@ -28,6 +30,7 @@ function summaryList(summary) {
       ["Peak gradient error vs float32", fmtNumber(summary.peak_grad_rel_error, 2)],
     ] : []),
     ...(summary.float32_check_error ? [["Float32 check", summary.float32_check_error]] : []),
+    ...(summary.fp8 ? [["FP8 layers", fp8SummaryText(summary.fp8)]] : []),
     ["Throughput (examples/s)", fmtRate(summary.mean_examples_per_sec)
       + (summary.steps_per_call ? `, up to ${summary.steps_per_call} steps per call` : "")],
     ...(summary.validation ? [["Held-out evaluation (final)", evaluationText(summary.validation)]] : []),
@@ -120,7 +123,8 @@ export function jobView(root, jobId, layersTarget) {
   const page = h("article", { class: "panel job-page", "data-testid": "job-page", "data-job-id": jobId },
     header, h("p", { class: "legend-note" }, "Red vertical lines mark skipped steps. ", stream), repeatNote, chartsBox);
   const layers = new LayersPanel(jobId, layersTarget);
-  page.append(layers.element, details);
+  const fp8 = new Fp8Panel(); // shown once a record has FP8 rows
+  page.append(layers.element, fp8.element, details);
   root.append(h("p", {}, h("a", { href: "#/jobs" }, "← Jobs")), page);
   const charts = new JobCharts(chartsBox);
   let job = null;
@@ -184,17 +188,27 @@ export function jobView(root, jobId, layersTarget) {
 
   const refresh = async () => render(await api.get(path));
 
-  // Raw steps for short runs; min/mean/max buckets for long ones. Returns the last step loaded.
+  const push = (record) => {
+    charts.push(record);
+    fp8.push(record);
+  };
+
+  // Raw steps for short runs; min/mean/max buckets for long ones (and, for an FP8 job, its last page of raw
+  // steps: buckets carry no FP8 rows). Returns the last step loaded.
   const loadHistory = async (doneSteps) => {
     if (doneSteps > RAW_HISTORY_MAX) {
       const view = await api.get(`${path}/metrics?max_points=${HISTORY_POINTS}`);
       view.buckets.forEach((b) => charts.pushBucket(b));
+      if (job.spec.fp8) {
+        const last = await api.get(`${path}/metrics?after=${Math.max(0, view.total_steps - PAGE)}&limit=${PAGE}`);
+        last.points.filter((p) => p.step <= view.total_steps).forEach((p) => fp8.push(p));
+      }
       return view.total_steps;
     }
     let after = 0;
     for (;;) {
       const metrics = await api.get(`${path}/metrics?after=${after}&limit=${PAGE}`);
-      metrics.points.forEach((p) => charts.push(p));
+      metrics.points.forEach(push);
       if (metrics.next_after === null || controller.signal.aborted) return charts.lastStep;
       after = metrics.next_after;
     }
@@ -219,7 +233,7 @@ export function jobView(root, jobId, layersTarget) {
           if (s === "live" && connections++) layers.load(controller.signal);
         },
         onEvent: (event) => {
-          if (event.event === "metrics") charts.push(JSON.parse(event.data));
+          if (event.event === "metrics") push(JSON.parse(event.data));
           else if (event.event === "layers") layers.add(JSON.parse(event.data), "stream");
           else if (event.event === "evaluation") addEvaluations([JSON.parse(event.data)]);
           else if (event.event === "state" || event.event === "end") refresh().catch(() => {});
@@ -227,6 +241,7 @@ export function jobView(root, jobId, layersTarget) {
       });
       if (ended === "end") {
         charts.flush();
+        fp8.flush();
         await layers.load(controller.signal);
         stream.textContent = "Run ended.";
         stopPolling();
@@ -243,5 +258,6 @@ export function jobView(root, jobId, layersTarget) {
     charts.destroy();
     evalChart?.destroy();
     layers.destroy();
+    fp8.destroy();
   };
 }

@@ -13,12 +13,13 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from app.core.config import Settings
+from mpjobs.contract.fp8 import Fp8Tensor
 from mpjobs.contract.records import StepRecord
 from tests.app.store.test_layer_checks import check
 from tests.worker.conftest import spec_of
 from worker.engine.training import run_job
 from worker.telemetry.reporters import FanOut, ListReporter
-from worker.telemetry.tensorboard import LAYER_FIELDS, TAGS, TensorBoardReporter
+from worker.telemetry.tensorboard import FP8_FIELDS, LAYER_FIELDS, TAGS, TensorBoardReporter
 
 
 def record(step: int, loss: float | None) -> StepRecord:
@@ -92,6 +93,45 @@ def test_a_layer_check_is_one_scalar_per_layer_and_numeric_field_at_its_step(tmp
                 assert [(e.step, e.value) for e in scalars] == [(1, float(np.float32(getattr(layer, field))))]
     assert events.Scalars("layers/conv3d_1/grad_min_log2")[0].value == -24.0
     assert [e.step for e in events.Scalars("loss")] == [1, 2]
+
+
+def fp8_rows(step: int) -> list[Fp8Tensor]:
+    """An attention layer's query (a path with a slash) and a Dense layer whose scale went to zero."""
+    query = [Fp8Tensor(layer="multi_head_attention/query", tensor=tensor, scale=scale * step, amax=amax,
+                       range_use=amax / (fmt_max * scale * step), history_max=amax * 3, peak_age=step,
+                       **({"saturated_fraction": 0.0078125, "underflow_fraction": 0.25} if step == 2 else {}))
+             for tensor, scale, amax, fmt_max in (("inputs", 0.0074637276120483875, 3.453125, 448.0),
+                                                  ("kernel", 0.0007847376982681453, 0.353515625, 448.0),
+                                                  ("outputs_grad", 7.620879500791489e-07, 0.033203125, 57344.0))]
+    return [*query, Fp8Tensor(layer="dense_1", tensor="kernel", scale=0.0, amax=0.0, range_use=None,
+                              history_max=0.0, peak_age=0)]
+
+
+def test_an_fp8_step_adds_each_layer_and_tensor_s_scaling_state_as_the_record_has_it(tmp_path: Path) -> None:
+    board = TensorBoardReporter(tmp_path)
+    records = [record(step, 2.0).model_copy(update={"fp8": fp8_rows(step)}) for step in (1, 2)]
+    board.steps([*records, record(3, 1.0)])  # a step without FP8 rows adds no fp8 tag
+    board.close()
+    events = read(tmp_path)
+    assert FP8_FIELDS == ("scale", "amax", "range_use", "history_max", "lag", "saturated_fraction",
+                          "underflow_fraction")
+    tags = {t for t in events.Tags()["scalars"] if t.startswith("fp8/")}
+    query = {f"fp8/multi_head_attention/query/{tensor}/{field}" for tensor in ("inputs", "kernel", "outputs_grad")
+             for field in FP8_FIELDS}
+    # The zero scale: its range use and lag are null (not finite), left out; the rest are written.
+    assert tags == query | {f"fp8/dense_1/kernel/{f}" for f in ("scale", "amax", "history_max")}
+    for row_1, row_2 in zip(*(r.fp8 or [] for r in records), strict=True):
+        for field in FP8_FIELDS:
+            tag = f"fp8/{row_1.layer}/{row_1.tensor}/{field}"
+            if tag not in tags:
+                continue
+            expected = [(r.step, float(np.float32(v))) for r, row in zip(records, (row_1, row_2), strict=True)
+                        if (v := getattr(row, field)) is not None]
+            assert [(e.step, e.value) for e in events.Scalars(tag)] == expected, tag
+    assert [e.step for e in events.Scalars("fp8/multi_head_attention/query/inputs/underflow_fraction")] == [2]
+    assert events.Scalars("fp8/multi_head_attention/query/kernel/lag")[0].value == 3.0  # history_max / amax
+    assert [e.step for e in events.Scalars("loss")] == [1, 2, 3]
+    assert set(TAGS) < set(events.Tags()["scalars"])
 
 
 FULL_DISK_STEPS = 40

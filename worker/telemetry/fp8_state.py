@@ -56,26 +56,33 @@ def slots(variables: Sequence[Any]) -> list[Slot]:
     return found
 
 
-def step_state(found: Sequence[Slot], current: Sequence[Any], new: Sequence[Any], applied: Any) -> list[Any]:
-    """In the compiled step, FIELDS_PER_TENSOR float32 numbers per slot: the scale the step used (`current`, the
-    values before the update), the amax it saw (the new history's first entry, written whether or not the step
-    is applied) and, of the history kept (the new one when `applied`, else the old), its largest amax and the
-    steps since that amax came in.
+def step_state(found: Sequence[Slot], variables: Sequence[Any], new: Sequence[Any], applied: Any) -> Any:
+    """In the compiled step, one float32 vector of FIELDS_PER_TENSOR numbers per slot, slot after slot: the scale
+    the step used (`variables`' values before the update), the amax it saw (the new history's first entry, written
+    whether or not the step is applied) and, of the history kept (the new one when `applied`, else the old), its
+    largest amax and the steps since that amax came in. All slots at once: a few ops per step, not per tensor.
 
     Keras's history: after step t, entry 0 holds t's amax and entry i >= 1 that of step t - n + i (it rolls
     by one and overwrites entry 0). The newest occurrence of the largest value is the one that leaves last.
     """
-    out = []
-    for s in found:
-        fresh = ops.cast(new[s.history], "float32")
-        kept = ops.where(applied, fresh, ops.cast(current[s.history], "float32"))
-        n = int(kept.shape[0])
+    groups: dict[int, list[int]] = {}  # slots by history length (one length per job; pinned layers are not FP8)
+    for k, s in enumerate(found):
+        groups.setdefault(int(new[s.history].shape[0]), []).append(k)
+    parts, order = [], []
+    for n, members in groups.items():
+        fresh = ops.stack([ops.cast(new[found[k].history], "float32") for k in members])
+        old = ops.stack([ops.cast(ops.convert_to_tensor(variables[found[k].history]), "float32") for k in members])
+        kept = ops.where(applied, fresh, old)
         positions = ops.arange(n, dtype="int32")
-        ages = ops.where(positions == 0, 0, n - positions)
-        peak = ops.max(kept)
-        age = ops.min(ops.where(kept == peak, ages, n))
-        out += [ops.cast(current[s.scale], "float32"), fresh[0], peak, ops.cast(age, "float32")]
-    return out
+        ages = ops.cast(ops.where(positions == 0, 0, n - positions), "float32")
+        peak = ops.max(kept, axis=1)
+        age = ops.min(ops.where(kept == ops.expand_dims(peak, 1), ops.expand_dims(ages, 0), float(n)), axis=1)
+        scales = ops.stack([ops.cast(ops.convert_to_tensor(variables[found[k].scale]), "float32") for k in members])
+        parts.append(ops.stack([scales, fresh[:, 0], peak, age], axis=1))
+        order += members
+    table = parts[0] if len(parts) == 1 else ops.take(ops.concatenate(parts, axis=0),
+                                                      [order.index(k) for k in range(len(found))], axis=0)
+    return ops.reshape(table, (-1,))
 
 
 def _finite(value: float) -> float | None:

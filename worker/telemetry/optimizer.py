@@ -213,9 +213,9 @@ class TelemetryOptimizer(keras.optimizers.Optimizer):
             grad_norm=norm, grads_finite=finite, skipped=skipped,
             zeros_high=zeros // ZERO_COUNT_SPLIT, zeros_low=zeros % ZERO_COUNT_SPLIT,
             regularization_loss=self._penalty(trainable_variables))
-        fp8 = step_state(self.fp8_slots, [ops.convert_to_tensor(v) for v in trainable_variables], grads,
-                         apply) if self.fp8_slots else []
-        telemetry = ops.stack([ops.cast(p, "float32") for p in parts] + fp8)
+        telemetry = ops.stack([ops.cast(p, "float32") for p in parts])
+        if self.fp8_slots:  # the FP8 layers' state after the eight fields (worker/telemetry/fp8_state.py)
+            telemetry = ops.concatenate([telemetry, step_state(self.fp8_slots, trainable_variables, grads, apply)])
         return apply, unscaled, telemetry
 
     def _penalty(self, trainable_variables: list[Any]) -> Any:

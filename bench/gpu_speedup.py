@@ -4,7 +4,9 @@ Runs `worker.engine.training.run_job` (what a worker runs, telemetry and all) wi
 KERAS_BACKEND=jax, so a GPU host with JAX and no TensorFlow can run it: beside
 JAX it needs only keras, pydantic and pydantic-settings, and this repo's
 `app/`, `worker/` and `bench/` packages. Each model (transformer, cnn) trains
-under float32, mixed_float16 + dynamic loss scaling, and mixed_bfloat16.
+under float32, mixed_float16 + dynamic loss scaling, and mixed_bfloat16; the
+transformer also with `fp8` (`--fp8`: mixed_bfloat16 + fp8 and mixed_float16 +
+dynamic + fp8, Keras's FP8 policy on its Dense and EinsumDense layers).
 
 - **steps per call**: every case runs at one step per call and at the engine's
   automatic steps per call (`--per-call 1,auto`, worker/engine/stepper.py: calls
@@ -18,7 +20,8 @@ under float32, mixed_float16 + dynamic loss scaling, and mixed_bfloat16.
   case's figure is the median of its windows.
 - **examples/s**: batch size / step time.
 - **speedup**: float32's step time / the policy's, within one round (a round
-  runs the three policies back to back), then the median over rounds.
+  runs a model's policies, FP8 ones included, back to back), then the median
+  over rounds.
 - **TFLOP/s**: analytic model FLOPs per step / step time, also as a share of
   the chip's dense bf16 peak (`--peak-tflops`, 790: an H200's measured rate).
 
@@ -33,6 +36,18 @@ Model FLOPs of one training step, 3 × the forward pass (backward costs two)::
 
 Embedding look-ups, normalisation, softmax, activations and the optimizer
 update are left out, so TFLOP/s is the useful work (as in MFU), a lower bound.
+An FP8 case counts the same FLOPs, against the same bf16 peak (dense FP8's is
+twice that on Hopper).
+
+FP8 (`spec.fp8`, worker/engine/fp8.py): Keras quantizes each FP8 layer's inputs,
+kernel and output gradient with delayed scaling and dequantizes them around a
+matmul in the compute dtype. On Hopper and Blackwell GPUs XLA fuses that
+quantize-dequantize into FP8 GEMMs, so there the FP8 rows measure FP8 speed. On
+a CPU FP8 is only simulated (the extra quantize-dequantize work, no FP8 matmul):
+the smoke run's FP8 figures say nothing about speed, only that the cases run.
+The CNN trains no FP8 case: Keras has no FP8 convolution, so only its head
+would be FP8. FP8 rows have no goal, and FP8 trains on one device
+(`--devices N` > 1 leaves them out).
 
 On Ampere and newer GPUs JAX runs float32 matmuls and convolutions in TF32
 unless told otherwise; a float32 job gets that, so it is the baseline here.
@@ -106,6 +121,8 @@ from worker.engine.training import Training, release_memory  # noqa: E402
 from worker.telemetry.reporters import ListReporter  # noqa: E402
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+FP8_POLICIES = ("mixed_bfloat16", "mixed_float16")
+"""The policies FP8 cases compute in around their FP8 matmuls (`--fp8`), on models with `fp8`."""
 GOAL = 2.5
 """Least speedup over float32 each mixed policy should reach on the transformer."""
 FLOAT32_MATMUL = {"default": "JAX's default (TF32 on Ampere and newer GPUs)", "highest": "IEEE float32"}
@@ -117,12 +134,14 @@ HEAVY_MODULES = ("tensorflow", "redis", "rq", "fastapi", "tensorboard")
 class Model:
     model: dict[str, Any]
     batch_size: int
+    fp8: bool = False
+    """Also trains under FP8: only where Dense and EinsumDense layers do the bulk of the work."""
 
     @property
     def name(self) -> str:
         return str(self.model["name"])
 
-    def spec(self, policy: str, steps: int, devices: int = 1, per_call: int | str = 1) -> JobSpec:
+    def spec(self, policy: str, steps: int, devices: int = 1, per_call: int | str = 1, fp8: bool = False) -> JobSpec:
         batch = self.batch_size * devices  # each device gets the batch one device gets alone
         return JobSpec.model_validate({
             "model": self.model, "precision_policy": policy,
@@ -132,19 +151,20 @@ class Model:
             "dataset": {"samples": 2 * batch},
             # This benchmark times the steps itself; the service's after-run speed check (CPU only) is not its.
             "speed_check": [],
+            **({"fp8": {}} if fp8 else {}),  # Keras's default amax history, 1024 steps
         })
 
 
 FULL = (
     Model({"name": "transformer", "seq_len": 512, "vocab_size": 32_000, "d_model": 1024, "heads": 16,
-           "layers": 8, "ffn_dim": 4096}, 64),
+           "layers": 8, "ffn_dim": 4096}, 64, fp8=True),
     Model({"name": "cnn", "image_size": 128, "filters": 256}, 128),
 )
 SMOKE = (
     # Dropout sends Keras's attention down its einsum path: JAX's fused one asks for
     # float16 x float16 -> float32 products, which its CPU backend cannot compile.
     Model({"name": "transformer", "seq_len": 16, "vocab_size": 64, "d_model": 32, "heads": 2, "layers": 1,
-           "ffn_dim": 64, "dropout": 0.1}, 8),
+           "ffn_dim": 64, "dropout": 0.1}, 8, fp8=True),
     Model({"name": "cnn", "image_size": 16, "filters": 4}, 8),
 )
 
@@ -161,8 +181,8 @@ def flops_per_step(spec: JobSpec) -> float:
     raise ValueError(f"Expected a transformer or cnn model. Received: model={m!r}")
 
 
-def label(policy: str, per_call: int | str = 1) -> str:
-    name = "mixed_float16 + dynamic" if policy == "mixed_float16" else policy
+def label(policy: str, per_call: int | str = 1, fp8: bool = False) -> str:
+    name = ("mixed_float16 + dynamic" if policy == "mixed_float16" else policy) + (" + fp8" if fp8 else "")
     return f"{name}, {per_call} per call" if per_call != 1 else name
 
 
@@ -171,7 +191,12 @@ class Case:
     model: Model
     policy: str
     per_call: int | str = 1
+    fp8: bool = False
     runs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return label(self.policy, self.per_call, self.fp8)
 
     def windows(self, round_: int | None = None) -> list[float]:
         return [w for r in self.runs if round_ in (None, r["round"]) for w in r["windows_ms"]]
@@ -211,6 +236,7 @@ def run_once(spec: JobSpec, warmup: int, steps: int, windows: int, deadline: flo
         "round": round_, "windows_ms": [(c[-1].time - c[0].time) / (len(c) - 1) * 1e3 for c in chunks if len(c) > 1],
         "engine_step_time_ms": median(r.step_time_ms for r in measured) if measured else None,
         "steps_done": len(reporter.records), "skipped_steps": sum(r.skipped for r in measured),
+        "fp8_tensors": len(reporter.records[-1].fp8 or ()) if reporter.records else 0,  # rows of its last record
         "setup_s": reporter.records[0].time - began_at if reporter.records else None,
         "wall_s": time.monotonic() - begin,
         "stopped_by_budget": error is None and len(reporter.records) < total, "error": error, "device": device,
@@ -219,7 +245,7 @@ def run_once(spec: JobSpec, warmup: int, steps: int, windows: int, deadline: flo
 
 def summarize(case: Case, baseline: Case, one_per_call: Case, peak_tflops: float) -> dict[str, Any]:
     """`baseline`: float32 at the same steps per call; `one_per_call`: the same model and policy at one."""
-    spec = case.model.spec(case.policy, 1, DEVICES, case.per_call)
+    spec = case.model.spec(case.policy, 1, DEVICES, case.per_call, case.fp8)
     windows = case.windows()
     step_ms = median(windows) if windows else None
     ratios = [median(baseline.windows(r)) / median(case.windows(r))
@@ -229,9 +255,9 @@ def summarize(case: Case, baseline: Case, one_per_call: Case, peak_tflops: float
                 for r in sorted({run["round"] for run in case.runs}) if case.windows(r) and one_per_call.windows(r)]
     flops = flops_per_step(spec)
     tflops = flops / (step_ms / 1e3) / 1e12 if step_ms else None
-    has_goal = case.model.name == "transformer" and case.policy != "float32" and case.per_call == 1
+    has_goal = case.model.name == "transformer" and case.policy != "float32" and case.per_call == 1 and not case.fp8
     return {
-        "model": case.model.name, "policy": case.policy, "label": label(case.policy, case.per_call),
+        "model": case.model.name, "policy": case.policy, "fp8": case.fp8, "label": case.label,
         "per_call": case.per_call, "per_call_speedup": median(per_call) if per_call else None,
         "model_spec": spec.model.model_dump(), "batch_size": spec.training.batch_size, "devices": DEVICES,
         "flops_per_step": flops, "step_time_ms": step_ms,
@@ -310,13 +336,13 @@ def engine(env: dict[str, Any]) -> str:
 
 
 def report(results: list[dict[str, Any]], env: dict[str, Any], notes: list[str], args: argparse.Namespace) -> str:
-    float32 = {(r["model"], r["per_call"]): r for r in results if r["policy"] == "float32"}
-    one = {(r["model"], r["policy"]): r for r in results if r["per_call"] == 1}
+    float32 = {(r["model"], r["per_call"]): r for r in results if r["policy"] == "float32" and not r["fp8"]}
+    one = {(r["model"], r["policy"], r["fp8"]): r for r in results if r["per_call"] == 1}
     rows = [Row("gpu speedup", f"{r['model']} {r['label']}", label("float32", r["per_call"]),
                 float32[r["model"], r["per_call"]]["examples_per_sec"], r["examples_per_sec"], "examples/s",
                 r["speedup"], r["goal"], r["met"]) for r in results if r["examples_per_sec"] is not None]
-    rows += [Row("steps per call", f"{r['model']} {r['label']}", label(r["policy"]),
-                 one[r["model"], r["policy"]]["examples_per_sec"], r["examples_per_sec"], "examples/s",
+    rows += [Row("steps per call", f"{r['model']} {r['label']}", label(r["policy"], 1, r["fp8"]),
+                 one[r["model"], r["policy"], r["fp8"]]["examples_per_sec"], r["examples_per_sec"], "examples/s",
                  r["per_call_speedup"]) for r in results if r["per_call"] != 1 and r["examples_per_sec"] is not None]
     lines = [
         f"# GPU speedup through the engine — {env['date']}",
@@ -362,6 +388,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--models", default="transformer,cnn", help="which models, comma-separated")
     parser.add_argument("--per-call", default="1,auto",
                         help="steps per call to run each case at, comma-separated: whole numbers or auto")
+    parser.add_argument("--fp8", default=",".join(FP8_POLICIES),
+                        help="policies to also train the transformer in under FP8, comma-separated (empty: none)")
     parser.add_argument("--devices", type=int, default=1,
                         help="devices one job trains on (tf.distribute, TensorFlow backend); 1: JAX, one device")
     args = parser.parse_args(argv)
@@ -370,6 +398,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, name, smoke if args.smoke else full)
     if args.warmup < 1 or args.steps < args.windows or args.windows < 1 or args.rounds < 1:
         parser.error("need warmup >= 1, windows >= 1, steps >= windows and rounds >= 1")
+    if unknown := [p for p in args.fp8.split(",") if p and p not in FP8_POLICIES]:
+        parser.error(f"--fp8 takes {', '.join(FP8_POLICIES)}. Received: {', '.join(unknown)}")
     if args.devices != DEVICES:
         parser.error(f"--devices is read when the module loads: {DEVICES} then, {args.devices} now")
     return args
@@ -387,15 +417,14 @@ def measure(args: argparse.Namespace, cases: list[Case], env: dict[str, Any], no
                 need = sum(estimate(c, cases) for c in group) if round_ > 1 and i == 0 else estimate(case, cases)
                 if time.monotonic() + need > deadline:
                     names = group[i:] if round_ > 1 else [case]
-                    skipped.setdefault(round_, []).extend(
-                        f"{c.model.name} {label(c.policy, c.per_call)}" for c in names)
+                    skipped.setdefault(round_, []).extend(f"{c.model.name} {c.label}" for c in names)
                     if round_ > 1:
                         break
                     continue
-                spec = case.model.spec(case.policy, args.warmup + args.steps, args.devices, case.per_call)
+                spec = case.model.spec(case.policy, args.warmup + args.steps, args.devices, case.per_call, case.fp8)
                 run = run_once(spec, args.warmup, args.steps, args.windows, deadline, round_)
                 case.runs.append(run)
-                name = f"round {round_}: {case.model.name} {label(case.policy, case.per_call)}"
+                name = f"round {round_}: {case.model.name} {case.label}"
                 if run["stopped_by_budget"]:
                     notes.append(f"{name} was stopped by the budget after {run['steps_done']} steps.")
                 if run["error"]:
@@ -419,8 +448,10 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(args)
     args.out.mkdir(parents=True, exist_ok=True)
     settings = [int(n) if n != "auto" else n for n in args.per_call.split(",")]
-    cases = [Case(m, p, n) for m in (SMOKE if args.smoke else FULL) if m.name in args.models.split(",")
-             for n in dict.fromkeys([1, *settings]) for p in POLICIES]
+    fp8 = [p for p in args.fp8.split(",") if p] if DEVICES == 1 else []  # FP8 trains on one device
+    cases = [Case(m, p, n, f) for m in (SMOKE if args.smoke else FULL) if m.name in args.models.split(",")
+             for n in dict.fromkeys([1, *settings])
+             for p, f in [*((p, False) for p in POLICIES), *((p, True) for p in fp8 if m.fp8)]]
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gpu-speedup-cache-") as cache:
         # Later rounds build the same programs: the cache spares them most of the compile time.
@@ -438,10 +469,10 @@ def main(argv: list[str] | None = None) -> int:
 def write(args: argparse.Namespace, cases: list[Case], env: dict[str, Any],
           notes: list[str]) -> tuple[list[dict[str, Any]], str]:
     """Write the table and the raw JSON (after every run, so a killed run leaves them)."""
-    baselines = {(c.model.name, c.per_call): c for c in cases if c.policy == "float32"}
-    ones = {(c.model.name, c.policy): c for c in cases if c.per_call == 1}
-    results = [summarize(c, baselines[c.model.name, c.per_call], ones[c.model.name, c.policy], args.peak_tflops)
-               for c in cases]
+    baselines = {(c.model.name, c.per_call): c for c in cases if c.policy == "float32" and not c.fp8}
+    ones = {(c.model.name, c.policy, c.fp8): c for c in cases if c.per_call == 1}
+    results = [summarize(c, baselines[c.model.name, c.per_call], ones[c.model.name, c.policy, c.fp8],
+                         args.peak_tflops) for c in cases]
     text = report(results, env, notes, args)
     payload = {
         "benchmark": "gpu speedup", "smoke": args.smoke, "config": vars(args),

@@ -56,28 +56,40 @@ def test_smoke_run_reports_every_case_without_the_service_stack(tmp_path: Path) 
     assert data["environment"]["keras_backend"] == "jax"
     assert data["environment"]["platform"] == "cpu"
     cases = data["cases"]
-    assert [(c["model"], c["per_call"], c["policy"]) for c in cases] == [
-        (model, per_call, policy) for model in ("transformer", "cnn") for per_call in (1, "auto")
-        for policy in ("float32", "mixed_float16", "mixed_bfloat16")
+    fp8 = [("mixed_bfloat16", True), ("mixed_float16", True)]  # the transformer's alone: Keras has no FP8 conv
+    assert [(c["model"], c["per_call"], c["policy"], c["fp8"]) for c in cases] == [
+        (model, per_call, policy, on) for model in ("transformer", "cnn") for per_call in (1, "auto")
+        for policy, on in [("float32", False), ("mixed_float16", False), ("mixed_bfloat16", False),
+                           *(fp8 if model == "transformer" else [])]
     ]
+    assert [c["label"] for c in cases if c["fp8"]] == [
+        "mixed_bfloat16 + fp8", "mixed_float16 + dynamic + fp8",
+        "mixed_bfloat16 + fp8, auto per call", "mixed_float16 + dynamic + fp8, auto per call"]
     for case in cases:
         assert case["step_time_ms"] > 0 and case["examples_per_sec"] > 0, case
         assert case["speedup"] > 0
         assert case["tflops"] > 0 and case["peak_percent"] > 0
         assert [run["error"] for run in case["runs"]] == [None]
         assert case["runs"][0]["steps_done"] == data["config"]["warmup"] + data["config"]["steps"]
+        # FP8 cases trained FP8 layers (their records have fp8 rows), the others none.
+        assert (case["runs"][0]["fp8_tensors"] > 0) is case["fp8"], case
         assert f"| {case['model']} | {case['label']} |" in table
     assert [c["speedup"] for c in cases if c["policy"] == "float32"] == [1.0] * 4
+    # Each case, FP8 ones included, is set against float32 of the same model and steps per call.
+    for case in cases:
+        baseline = "float32" if case["per_call"] == 1 else "float32, auto per call"
+        assert f"| gpu speedup | {case['model']} {case['label']} | {baseline} |" in table
     # Each case at the automatic steps per call set against itself at one, and in the table's own rows.
     assert all(c["per_call_speedup"] > 0 for c in cases)
-    assert [c["per_call_speedup"] for c in cases if c["per_call"] == 1] == [1.0] * 6
-    for case in cases[3:6] + cases[9:]:
-        assert f"| steps per call | {case['model']} {case['label']} |" in table
+    assert [c["per_call_speedup"] for c in cases if c["per_call"] == 1] == [1.0] * 8
+    for case in cases:
+        assert (f"| steps per call | {case['model']} {case['label']} |" in table) is (case["per_call"] != 1)
     # The transformer's FLOPs per step, by the docstring's formula at the smoke shapes.
     b, s, d, f, layers, classes = 8, 16, 32, 64, 1, 10
     expected = 6 * layers * (4 * d * d + 2 * d * f) * b * s + 12 * layers * s * s * d * b + 6 * d * classes * b
     assert cases[0]["flops_per_step"] == expected
-    assert [c["goal"] != "" for c in cases] == [False, True, True] + [False] * 9
+    assert [c["flops_per_step"] for c in cases if c["model"] == "transformer"] == [expected] * 10
+    assert [c["goal"] != "" for c in cases] == [False, True, True] + [False] * 13  # FP8 rows have none
     assert "Goal (transformer, each mixed policy >= 2.5x float32)" in table
 
 

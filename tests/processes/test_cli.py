@@ -23,7 +23,7 @@ import pytest
 from mpjobs import Client
 from mpjobs.cli import CliError, Exit, build_parser, comparison_report, main, summary_lines
 from mpjobs.cli.commands import cmd_compare
-from mpjobs.contract.records import LayerNumerics, StepRecord
+from mpjobs.contract.records import STEP_SCALARS, LayerNumerics
 from mpjobs.contract.spec import ComparisonSpec
 from scripts.stack import ROOT, Stack, free_port, freeze_mid_run, wait_until
 from tests.app.store.test_layer_checks import check
@@ -181,7 +181,7 @@ def test_metrics_csv_has_one_row_per_step_with_the_api_values(
     with out.open(newline="") as f:
         reader = csv.reader(f)
         header, rows = next(reader), list(reader)
-    assert header == list(StepRecord.model_fields)
+    assert header == list(STEP_SCALARS)
     assert [int(r[0]) for r in rows] == list(range(1, STEPS + 1))
     for row, point in zip(rows, points, strict=True):
         record = dict(zip(header, row, strict=True))

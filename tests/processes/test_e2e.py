@@ -16,7 +16,7 @@ from scripts.stack import iter_sse
 from tests.processes.conftest import Stack
 
 FIELDS = {"step", "loss", "loss_scale", "grad_norm", "grads_finite", "skipped", "zero_grad_fraction",
-          "regularization_loss", "excess_zero_fraction", "grad_rel_error", "learning_rate", "examples_per_sec",
+          "regularization_loss", "excess_zero_fraction", "grad_rel_error", "fp8", "learning_rate", "examples_per_sec",
           "step_time_ms", "time"}
 
 

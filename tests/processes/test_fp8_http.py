@@ -16,17 +16,9 @@ from mpjobs.contract.formats import num, percent
 from scripts.stack import Stack
 from tests.processes.test_cli import mpjobs
 from tests.processes.test_comparisons_http import finished, speed_call
+from tests.processes.test_layer_policies_http import refused
 
 MLP = {"name": "mlp", "input_dim": 16, "hidden_units": 16, "classes": 4}
-
-
-def refused(stack: Stack, client: httpx.Client, body: dict[str, Any], path: str = "/jobs") -> str:
-    before = stack.writes()
-    response = client.post(path, json=body)
-    assert response.status_code == 422, response.text
-    assert stack.writes() == before  # nothing written
-    (error,) = response.json()["detail"]
-    return str(error["msg"])
 
 
 @pytest.mark.parametrize(("body", "words"), [
@@ -39,12 +31,12 @@ def refused(stack: Stack, client: httpx.Client, body: dict[str, Any], path: str 
 ])
 def test_a_spec_fp8_cannot_apply_to_is_422_saying_why(stack: Stack, client: httpx.Client, body: dict[str, Any],
                                                       words: str) -> None:
-    assert words in refused(stack, client, body)
+    assert words in refused(stack, client, "/jobs", body)
 
 
 def test_a_comparison_variant_with_fp8_is_checked_like_a_job(stack: Stack, client: httpx.Client) -> None:
-    message = refused(stack, client, {"spec": {"model": {"name": "conv3d_unet"}}, "variants": [
-        {"precision_policy": "float32"}, {"precision_policy": "mixed_bfloat16", "fp8": {}}]}, "/comparisons")
+    message = refused(stack, client, "/comparisons", {"spec": {"model": {"name": "conv3d_unet"}}, "variants": [
+        {"precision_policy": "float32"}, {"precision_policy": "mixed_bfloat16", "fp8": {}}]})
     assert "variants[1].fp8 applies to Dense and EinsumDense layers" in message
 
 

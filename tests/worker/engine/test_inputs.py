@@ -223,7 +223,7 @@ def test_cli_prints_one_line_per_step_then_the_summary(tmp_path: Path) -> None:
     assert [line["step"] for line in lines[:-1]] == list(range(1, 8))
     assert set(lines[0]) == {"step", "loss", "loss_scale", "grad_norm", "grads_finite", "skipped",
                              "zero_grad_fraction", "regularization_loss", "excess_zero_fraction", "grad_rel_error",
-                             "learning_rate", "examples_per_sec", "step_time_ms", "time"}
+                             "fp8", "learning_rate", "examples_per_sec", "step_time_ms", "time"}
     assert lines[-1]["status"] == "succeeded" and lines[-1]["summary"]["steps_done"] == 7
     assert (tmp_path / "out" / "model.keras").exists() and (tmp_path / "out" / "checkpoint-000000007.npz").exists()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -8,7 +8,7 @@ from typing import Any
 from mpjobs import Client
 from mpjobs.cli.words import table
 from mpjobs.contract.formats import num, number, percent
-from mpjobs.contract.fp8 import FORMATS, Fp8Tensor
+from mpjobs.contract.fp8 import Fp8Tensor
 from mpjobs.contract.jobs import MetricsPage
 
 FP8_HEADER = ["LAYER", "TENSOR", "SCALE", "AMAX", "RANGE USE", "LAG", "SATURATED", "LOST", ""]
@@ -24,12 +24,9 @@ def fp8_marks(row: Fp8Tensor) -> list[str]:
     ...                     history_max=0.01, peak_age=0))
     ['underflowing']
     """
-    use, fmt = row.range_use, FORMATS[row.tensor]
-    if use is None:
-        return []
-    if use > 1:
+    if row.range_use is not None and row.range_use > 1:
         return [SATURATING]
-    return [UNDERFLOWING] if use * fmt.max < fmt.smallest_normal and (row.amax or 0) > 0 else []
+    return [UNDERFLOWING] if row.underflowing else []
 
 
 def latest_fp8(records: Iterable[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:

@@ -83,6 +83,13 @@ class Fp8Tensor(Strict):
     """On checked steps only: the share of its non-zero values that became zero in the format, counted exactly."""
 
     @property
+    def underflowing(self) -> bool:
+        """Even this step's largest |x| lands below the format's smallest normal at the scale in force: its values
+        have lost their precision, and those under half the smallest subnormal became zero."""
+        fmt = FORMATS[self.tensor]
+        return self.range_use is not None and self.range_use * fmt.max < fmt.smallest_normal and (self.amax or 0) > 0
+
+    @property
     def lag(self) -> float | None:
         """history_max / amax: how far this step's largest value sits below the one the scale follows."""
         if self.amax is None or self.history_max is None or self.amax <= 0:

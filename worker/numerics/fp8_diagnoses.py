@@ -34,12 +34,6 @@ def _key(row: Fp8Tensor) -> str:
     return f"{row.layer}|{row.tensor}"
 
 
-def _subnormal_top(row: Fp8Tensor) -> bool:
-    """Even the step's largest value lands below the format's smallest normal at the scale in force."""
-    fmt = FORMATS[row.tensor]
-    return row.range_use is not None and row.range_use * fmt.max < fmt.smallest_normal and (row.amax or 0) > 0
-
-
 def _what(key: str) -> str:
     layer, tensor = key.split("|")
     return f"{layer}'s {'output gradient' if tensor == 'outputs_grad' else tensor} ({FORMATS[tensor].name})"
@@ -84,7 +78,7 @@ class Fp8Watch:
             if row.range_use is not None and row.range_use >= SATURATION_NAMED:
                 self._count(key, "saturated", step, amax=row.amax, scale=row.scale,
                             peak=max(row.range_use, self.s.get(key, {}).get("saturated", {}).get("peak", 0.0)))
-            if _subnormal_top(row):
+            if row.underflowing:
                 self._count(key, "underflow", step, amax=row.amax)
                 if row.lag is not None and row.lag >= LAG_NAMED:  # an outlier in the history sets the scale
                     self.s[key]["underflow"].update(source=step - row.peak_age, peak=row.history_max)

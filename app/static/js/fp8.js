@@ -34,7 +34,7 @@ export function lag(row) {
 }
 
 // Saturating: the step's largest |x| past what the format holds at the scale in force (range use above 1).
-// Underflowing: even its largest |x| under the format's smallest normal at that scale (as fp8_diagnoses.py has it).
+// Underflowing: even its largest |x| under the format's smallest normal at that scale (Fp8Tensor.underflowing).
 export function marksOf(row) {
   const use = row.range_use;
   if (use === null || use === undefined) return [];

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.api.auth import parse_api_keys
 from app.api.job_views import JobViews
 from app.api.limits import BodySizeLimit
+from app.api.live_hub import LiveHub
 from app.api.page_reads import PageReads
 from app.api.redis_memory import MemoryGauge
 from app.api.routes import (
@@ -97,6 +98,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.job_views = JobViews(app.state.aredis, app.state.store, app.state.live_workers)
         app.state.page_reads = PageReads(app.state.aredis, app.state.store)
         app.state.memory = MemoryGauge(app.state.redis, settings.redis_memory_high_water)
+        app.state.live = LiveHub(settings.redis_url, settings.stream_queue_events, settings.max_streams,
+                                 settings.stream_read_connections)
         # Everything imported and built so far lives as long as the process: keep it out of
         # the collector's generations, so a full collection does not walk it mid-request.
         gc.freeze()
@@ -104,6 +107,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.redis.close()
         app.state.rq_redis.close()
         await app.state.aredis.aclose()
+        await app.state.live.aclose()
 
     app = FastAPI(title="mpjobs", version="0.1.0", lifespan=lifespan,
                   description="Mixed-precision training jobs, with every step's numerics visible.")
@@ -127,7 +131,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         code = _status_of(exc)
         headers = {"WWW-Authenticate": "Bearer"} if code == status.HTTP_401_UNAUTHORIZED else None
         if isinstance(exc, ServiceUnavailable) and not isinstance(exc, RedisFull):
-            headers = {"Retry-After": str(RETRY_AFTER_S)}
+            headers = {"Retry-After": str(getattr(exc, "retry_after_s", RETRY_AFTER_S))}
         body = {"detail": str(exc), **({"state": exc.state} if isinstance(exc, JobAlreadyEnded) else {})}
         return JSONResponse(body, status_code=code, headers=headers)
 

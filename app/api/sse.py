@@ -1,117 +1,210 @@
-"""The SSE stream of one job: its step records, layer checks, evaluations and state changes, resumable by step."""
+"""The SSE stream of one job: its step records, layer checks, evaluations and state changes, resumable by step.
+
+A viewer first catches up on what Redis (or the job's archive) holds past its Last-Event-ID, on the live
+fan-out's small pool, then joins the process's one reader of the job (app/api/live_hub.py) without a gap or
+a repeat. Once the headers are sent a stream never just stops: it ends with `end`, or with an `error` event
+naming why (`too_slow`, `redis_unavailable`, `internal_error`, `shutting_down`), after which the client
+resumes from the last event id it received.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
-from redis.asyncio import Redis
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from app.store.archive import ArchivedHistory
-from app.store.async_reads import AsyncStreamReads, StreamCursor
-from mpjobs.contract.jobs import JobState
+from app.api.live_hub import Ending, LiveHub
+from app.api.live_order import BATCH, Sequencer, full, sse
+from app.store.archive import ArchivedHistory, ArchiveInfo
+from app.store.connect import UNAVAILABLE
+from app.store.live_reads import JobHead, evaluations_after, job_head, read_streams, transitions
 
-BLOCK_MS = 1000
-"""Longest one XREAD waits; also how often a silent stream checks for a disconnect."""
-BATCH = 500
+log = logging.getLogger("mpjobs.live")
+
+IDLE_S = 1.0
+"""How often a stream with nothing to send checks that its client is still there."""
+KEEPALIVE_S = 15.0
+"""A stream silent this long sends an SSE comment: proxies keep it open, and a client gone is noticed."""
+Archives = Callable[[ArchiveInfo], Awaitable[ArchivedHistory]]
+"""Opens the archive a job record names (its files, read in a thread)."""
 
 
-def _event(kind: str, data: str, event_id: str | None = None) -> str:
-    head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {kind}\ndata: {data}\n\n"
+def error_event(reason: str, detail: str) -> str:
+    """The `error` event that ends a stream early, and why: the client resumes after the last id it received.
 
-
-async def stream_job(
-    redis: Redis, job_id: str, after_step: int, disconnected: Callable[[], Awaitable[bool]],
-    archived: Callable[[], Awaitable[ArchivedHistory | None]] | None = None,
-) -> AsyncIterator[str]:
-    """`metrics` (id = step), `layers` and `evaluation` (no id) and `state` events, then `end` once the job is
-    terminal. An evaluation at step s is sent just before the `metrics` event of step s, as a layer check is
-    (the worker writes it before that step); an archived job's come after its steps (they stay in Redis).
-
-    A layer check at step s is sent just before the `metrics` event of step s, never after it: the store
-    writes a batch's checks before its steps, and checks read ahead of the steps wait here. So a client
-    that resumes after the last step it saw (`Last-Event-ID`) has every check up to that step already,
-    and gets the rest from after it.
-
-    An ended job whose history was archived (`archived()` returns it) is replayed from the archive, the
-    same events with the same ids: its steps and checks, then its states, then `end`. One archived while
-    it streams goes on from the archive after the last step sent.
+    >>> error_event("too_slow", "behind")
+    'event: error\\ndata: {"reason": "too_slow", "detail": "behind"}\\n\\n'
     """
-    streams = AsyncStreamReads(redis, job_id)
-    cursor = StreamCursor(checks=after_step, steps=after_step, evaluations=after_step)
-    held: list[tuple[int, str]] = []
-    """Layer checks read but not sent yet: (step, LayerCheck JSON), in step order."""
-    evaluations: list[tuple[int, str]] = []
-    """Evaluations read but not sent yet: (step, EvalRecord JSON), in step order."""
-    terminal = False
-    history = await archived() if archived is not None else None
-    if history is not None:
-        async for event in _replay(history, after_step, after_step, [], disconnected):
-            yield event
-        for record in await streams.evaluations_after(after_step):
-            yield _event("evaluation", record)
-        for fields in await streams.transitions():
-            yield _event("state", json.dumps(fields))
-        yield _event("end", json.dumps({"state": await streams.state()}))
+    return sse("error", json.dumps({"reason": reason, "detail": detail}))
+
+
+class LiveStream(StreamingResponse):
+    """The SSE response: its generator is closed (the viewer leaves the fan-out) and its place given back
+    (`release`) however it ends, sent whole, cut, or never started."""
+
+    def __init__(self, content: AsyncIterator[str], release: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._content, self._release = content, release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self._content.aclose()  # type: ignore[attr-defined]
+            finally:
+                self._release()
+
+
+async def stream_job(live: LiveHub, archives: Archives, job_id: str, after_step: int, head: JobHead,
+                     disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
+    """`metrics` (id = step), `layers` and `evaluation` (no id) and `state` events, then `end` once the job is
+    terminal; or, when the stream cannot go on, an `error` event. An evaluation or layer check at step s is
+    sent just before the `metrics` event of step s (the worker writes it before that step); an archived
+    job's evaluations come after its steps (they stay in Redis).
+
+    So a client that resumes after the last step it saw (`Last-Event-ID`) has every check up to that step
+    already, and gets the rest from after it. An ended job whose history was archived (`head.archived`) is
+    replayed from the archive, the same events with the same ids: its steps and checks, then its states,
+    then `end`. One archived while it streams goes on from the archive after the last step sent.
+    """
+    sequencer = Sequencer(after_step)
+    try:
+        async for text in _events(live, archives, job_id, sequencer, head, disconnected):
+            yield text
+    except UNAVAILABLE as exc:
+        log.warning("a live stream of job %s lost redis: %s", job_id, exc)
+        yield error_event("redis_unavailable", f"Redis is unavailable ({exc or type(exc).__name__}); resume after "
+                          "the last event id received once it answers")
+    except Exception:
+        log.exception("a live stream of job %s failed", job_id)
+        yield error_event("internal_error", "the stream failed; resume after the last event id received")
+
+
+async def _events(live: LiveHub, archives: Archives, job_id: str, sequencer: Sequencer, head: JobHead,
+                  disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
+    after_step = sequencer.sent_step
+    if head.archived is not None:
+        async for text in _replay(await archives(head.archived), after_step, after_step, [], disconnected):
+            yield text
+        for record in await evaluations_after(live.lane, job_id, after_step):
+            yield sse("evaluation", record)
+        for fields in await transitions(live.lane, job_id):
+            yield sse("state", json.dumps(fields))
+        yield sse("end", json.dumps({"state": (await job_head(live.lane, job_id)).state}))
         return
-    while not await disconnected():
-        found = await streams.read(cursor, count=BATCH, block_ms=None if terminal else BLOCK_MS)
-        for step, check in found.checks:
-            cursor.checks = step
-            held.append((step, check))
-        for step, record in found.evaluations:
-            cursor.evaluations = step
-            evaluations.append((step, record))
-        # A full batch of checks (or evaluations): more may lie past the last one read.
-        full = [read_to for read_to, n in ((cursor.checks, len(found.checks)),
-                                           (cursor.evaluations, len(found.evaluations))) if n == BATCH]
-        checks_read_to = min(full) if full else None
-        for step, record in found.steps:
-            if checks_read_to is not None and step > checks_read_to:
-                break  # the next read brings the checks up to this step, then the step again
-            while held and held[0][0] <= step:
-                yield _event("layers", held.pop(0)[1])
-            while evaluations and evaluations[0][0] <= step:
-                yield _event("evaluation", evaluations.pop(0)[1])
-            cursor.steps = step
-            yield _event("metrics", record, str(step))
-        for event_id, fields in found.events:
-            cursor.events = event_id
-            terminal = terminal or JobState(fields["state"]).terminal
-            yield _event("state", json.dumps(fields))
-        if terminal and found.empty:
-            # The job ended and every step written before that has been sent (unless its history was
-            # archived meanwhile: the rest comes from the archive); then any check left without a step
-            # after it (its step lost to a Redis crash).
-            history = await archived() if archived is not None else None
-            if history is not None:
-                async for event in _replay(history, cursor.steps, cursor.checks, held, disconnected):
-                    yield event
-                held = []
-            for _, check in held:
-                yield _event("layers", check)
-            for _, record in evaluations:
-                yield _event("evaluation", record)
-            yield _event("end", json.dumps({"state": await streams.state()}))
+    # What Redis holds now, read alone: a viewer far behind never fills a queue while it catches up.
+    async for text in _catch_up(live, job_id, sequencer, disconnected):
+        yield text
+    if not sequencer.whole and await disconnected():
+        return
+    if sequencer.whole:
+        async for text in _finish(live, archives, job_id, sequencer, sequencer.cursor.checks, disconnected):
+            yield text
+        return
+    viewer = await live.join(job_id)
+    try:
+        # Joined: the queue gets every event the reader finds from now on. Read on to Redis's end, which
+        # holds all the reader sent before; the queue's events this viewer already has are skipped.
+        async for text in _catch_up(live, job_id, sequencer, disconnected):
+            yield text
+        if sequencer.whole:
+            async for text in _finish(live, archives, job_id, sequencer, sequencer.cursor.checks, disconnected):
+                yield text
             return
+        # Checks and evaluations held for a later step: the reader sends them, in their places.
+        sequencer.held.clear()
+        sequencer.evaluations.clear()
+        step, state, quiet = sequencer.sent_step, sequencer.state_id, 0.0
+        while True:
+            got = await viewer.next(IDLE_S)
+            if got is None:
+                if await disconnected():
+                    return
+                quiet += IDLE_S
+                if quiet >= KEEPALIVE_S:
+                    quiet = 0.0
+                    yield ": keep-alive\n\n"
+                continue
+            quiet = 0.0
+            if isinstance(got, Ending):
+                sequencer.cursor.steps = step
+                if got.reason is not None:
+                    yield error_event(got.reason, got.detail)
+                    return
+                sequencer.held = deque(check for check in got.held if check[0] > step)
+                sequencer.evaluations = deque(record for record in got.evaluations if record[0] > step)
+                checks_read = max(sequencer.cursor.checks, got.checks_read)
+                async for text in _finish(live, archives, job_id, sequencer, checks_read, disconnected):
+                    yield text
+                return
+            texts = []
+            for item in got:
+                if item.after(step, state):
+                    texts.append(item.text)
+                    if item.kind == "metrics":
+                        step = item.step
+                    elif item.kind == "state":
+                        state = item.state_id
+            sequencer.cursor.steps = step
+            if texts:
+                yield "".join(texts)
+    finally:
+        live.leave(job_id, viewer)
+
+
+async def _catch_up(live: LiveHub, job_id: str, sequencer: Sequencer,
+                    disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
+    """Everything Redis holds past the sequencer's cursor, read in batches until one is not full."""
+    while True:
+        found = (await read_streams(live.lane, {job_id: sequencer.cursor}, BATCH, None))[job_id]
+        items = sequencer.feed(found)
+        if items:
+            yield "".join(item.text for item in items)
+        if sequencer.whole or not full(found) or await disconnected():
+            return
+
+
+async def _finish(live: LiveHub, archives: Archives, job_id: str, sequencer: Sequencer, checks_read: int,
+                  disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
+    """The end of an ended job's stream: the archive's steps past the last sent (when its history was archived
+    meanwhile), checks left without a step after them (their step lost to a Redis crash), evaluations, `end`."""
+    head = await job_head(live.lane, job_id)
+    if head.archived is not None:
+        history = await archives(head.archived)
+        async for text in _replay(history, sequencer.sent_step, checks_read, list(sequencer.held), disconnected):
+            yield text
+    else:
+        for _, check in sequencer.held:
+            yield sse("layers", check)
+    for _, record in sequencer.evaluations:
+        yield sse("evaluation", record)
+    yield sse("end", json.dumps({"state": head.state}))
 
 
 async def _replay(history: ArchivedHistory, after_step: int, checks_after: int, held: list[tuple[int, str]],
                   disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
     """The archive's steps after `after_step` with its checks after `checks_after` (`held` before them), each
     check just before its step's event, as the live stream sends them; then checks past the last step."""
-    checks = deque(held + await run_in_threadpool(history.layer_checks, checks_after))
+    checks: deque[tuple[int, str]] = deque(held + await run_in_threadpool(history.layer_checks, checks_after))
     while not await disconnected():
         steps = await run_in_threadpool(history.step_jsons, after_step, BATCH)
         if not steps:
             break
+        texts: list[Any] = []
         for step, data in steps:
             while checks and checks[0][0] <= step:
-                yield _event("layers", checks.popleft()[1])
-            yield _event("metrics", data, str(step))
+                texts.append(sse("layers", checks.popleft()[1]))
+            texts.append(sse("metrics", data, str(step)))
+        yield "".join(texts)
         after_step = steps[-1][0]
     for _, check in checks:
-        yield _event("layers", check)
+        yield sse("layers", check)
+

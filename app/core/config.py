@@ -84,6 +84,17 @@ class Settings(BaseSettings):
     dataset_max_bytes: int = Field(4 * 2**30, ge=1)
     """The largest `.npz` `POST /datasets` takes, in bytes (4 GiB): a longer body is refused with 413 and
     nothing of it is kept. Uploads are streamed to `<ARTIFACTS_DIR>/datasets/`, never held in memory."""
+    max_streams: int = Field(2000, ge=1)
+    """The most live streams (`GET /jobs/{id}/metrics/stream`) one API process serves at once: past it a new
+    one is answered 503 with Retry-After, before any body. Each costs memory and a share of one event loop,
+    never a Redis connection."""
+    stream_queue_events: int = Field(4096, ge=1)
+    """The most events a live stream's viewer may have waiting: one that falls further behind (a slow client
+    or network) is dropped with an `error` event (`too_slow`) and resumes after its last event id, so it
+    never slows the others. A viewer with nothing waiting takes any one read's events whole."""
+    stream_read_connections: int = Field(2, ge=1, le=64)
+    """Redis connections an API process keeps for viewers catching up on a job's history, besides the one of
+    its live reader: however many watch, its live streams hold these and no more."""
     api_keys: str = ""
     """`key:tenant,...`. Empty: open mode, for a local API bound to 127.0.0.1 only."""
 

@@ -69,6 +69,17 @@ class ServiceUnavailable(DomainError):
         super().__init__(f"Redis is unreachable, so jobs cannot be read or queued right now: {detail}")
 
 
+class TooManyStreams(ServiceUnavailable):
+    """This API process serves as many live streams as MAX_STREAMS allows."""
+
+    retry_after_s = 5
+
+    def __init__(self, limit: int) -> None:
+        DomainError.__init__(self, f"This API process already serves {limit} live streams, its limit (MAX_STREAMS): "
+                                   f"retry in {self.retry_after_s} s, or read the steps in pages "
+                                   "(GET /jobs/{id}/metrics?after=N).")
+
+
 class RedisFull(ServiceUnavailable):
     """Redis holds too much to take a new job: over the high-water mark, or refusing writes (OOM)."""
 

@@ -1,4 +1,4 @@
-"""The API's reads on redis.asyncio: a job with its transitions, a page of its steps, its streams as they grow.
+"""The API's reads on redis.asyncio: a job with its transitions, and a page of its steps.
 
 Each reader takes an async connection (the API's, made with decode_responses=True) and reads the keys the
 sync parts of the store write (app/store/jobs.py, streams.py). What is built of the replies, and any read of
@@ -8,7 +8,7 @@ an archive's files (in a thread), is the caller's: these only read Redis.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
@@ -17,17 +17,10 @@ from redis.client import NEVER_DECODE
 from app.store.archive import ArchiveInfo
 from app.store.keys import (
     ARCHIVED_FIELD,
-    EVALUATION_FIELD,
-    LAYERS_FIELD,
-    STEP_FIELD,
     after,
-    entry_id,
-    evaluations_key,
     events_key,
     job_key,
-    layers_key,
     metrics_key,
-    number_of,
 )
 from app.store.pages import RawPage, stream_page, unparsed_xrange
 from mpjobs.contract.jobs import JobState
@@ -103,68 +96,3 @@ class AsyncPageReads:
                 else ArchiveInfo.model_validate_json(archived))
         steps_done = json.loads(summary)["steps_done"] if summary and JobState(state).terminal else None
         return StoredPage(page, steps_done)
-
-
-@dataclass
-class StreamCursor:
-    """Where a live read of a job's streams stands: the last layer check and the last step read (steps), and
-    the last transition read (its stream id; "0-0" before the first)."""
-
-    checks: int
-    steps: int
-    events: str = "0-0"
-    evaluations: int = 0
-    """The last evaluation read (its step)."""
-
-
-@dataclass
-class StreamBatch:
-    """What one read found past a cursor, each in stream order."""
-
-    checks: list[tuple[int, str]] = field(default_factory=list)
-    """(step, LayerCheck JSON as stored)."""
-    steps: list[tuple[int, str]] = field(default_factory=list)
-    """(step, StepRecord JSON as stored)."""
-    events: list[tuple[str, dict[str, str]]] = field(default_factory=list)
-    """(stream id, the transition's fields)."""
-    evaluations: list[tuple[int, str]] = field(default_factory=list)
-    """(step, EvalRecord JSON as stored)."""
-
-    @property
-    def empty(self) -> bool:
-        return not (self.checks or self.steps or self.events or self.evaluations)
-
-
-class AsyncStreamReads:
-    """A job's `layers`, `metrics`, `events` and `evaluations` streams read as they grow (XREAD), and its state."""
-
-    def __init__(self, aredis: Redis, job_id: str) -> None:
-        self.aredis, self.job_id = aredis, job_id
-        self._layers, self._metrics, self._events = layers_key(job_id), metrics_key(job_id), events_key(job_id)
-        self._evaluations = evaluations_key(job_id)
-
-    async def read(self, cursor: StreamCursor, count: int, block_ms: int | None) -> StreamBatch:
-        """Up to `count` entries of each stream past `cursor`, waiting up to `block_ms` for one (None: not at all)."""
-        cursors = {self._layers: entry_id(cursor.checks), self._metrics: entry_id(cursor.steps),
-                   self._events: cursor.events, self._evaluations: entry_id(cursor.evaluations)}
-        reply: Any = await self.aredis.xread(cursors, count=count, block=block_ms)
-        found: dict[str, list[tuple[str, dict[str, str]]]] = dict(reply or [])
-        return StreamBatch(checks=[(number_of(i), fields[LAYERS_FIELD]) for i, fields in found.get(self._layers, [])],
-                           steps=[(number_of(i), fields[STEP_FIELD]) for i, fields in found.get(self._metrics, [])],
-                           events=list(found.get(self._events, [])),
-                           evaluations=[(number_of(i), fields[EVALUATION_FIELD])
-                                        for i, fields in found.get(self._evaluations, [])])
-
-    async def evaluations_after(self, step: int) -> list[str]:
-        """Every evaluation after `step`, as stored (EvalRecord JSON): archiving leaves them in Redis."""
-        entries: Any = await self.aredis.xrange(self._evaluations, min=after(step), max="+")
-        return [fields[EVALUATION_FIELD] for _, fields in entries]
-
-    async def transitions(self) -> list[dict[str, str]]:
-        """Every transition's fields, in order."""
-        entries: Any = await self.aredis.xrange(self._events)
-        return [fields for _, fields in entries]
-
-    async def state(self) -> str | None:
-        state = await self.aredis.hget(job_key(self.job_id), "state")
-        return None if state is None else str(state)

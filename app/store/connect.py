@@ -134,3 +134,23 @@ def waiting_client(url: str, stop: threading.Event) -> Redis:
     RQ's loop, which quits on a Redis error anywhere but its dequeue, never sees one. RQ's pickles: bytes."""
     return Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S, health_check_interval=HEALTH_CHECK_S,
                           retry=UntilStopped(url, stop))
+
+
+LIVE_CLIENT = "mpjobs-live"
+"""The CLIENT SETNAME of the API's live-stream connections (CLIENT LIST shows how many it holds)."""
+POOL_WAIT_S = 10.0
+"""Longest a live-stream read waits for one of its connections before it fails as Redis unavailable."""
+
+
+def live_clients(url: str, read_connections: int) -> tuple[redis.asyncio.Redis, redis.asyncio.Redis]:
+    """The live fan-out's clients, on the same terms as `async_client`: one connection for its XREAD of every
+    watched stream (blocking, so no other command may wait behind it), and a pool of `read_connections` for
+    viewers catching up. The pool blocks when all are busy: however many viewers, it holds no more."""
+    common: dict[str, Any] = {
+        "decode_responses": True, "socket_connect_timeout": CONNECT_TIMEOUT_S, "client_name": LIVE_CLIENT,
+        "health_check_interval": HEALTH_CHECK_S,
+        "retry": AsyncRetry(NoBackoff(), 1, supported_errors=(ConnectionError,))}
+    reader = redis.asyncio.Redis.from_url(url, single_connection_client=True, **common)
+    pool = redis.asyncio.BlockingConnectionPool.from_url(url, max_connections=read_connections, timeout=POOL_WAIT_S,
+                                                         **common)
+    return reader, redis.asyncio.Redis(connection_pool=pool)

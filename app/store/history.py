@@ -43,9 +43,9 @@ class MetricHistory(RedisBacked):
     def archived_history(self, job_id: str) -> ArchivedHistory | None:
         """The job's archive, parsed (and cached), or None while its history is in Redis."""
         info = self.archive_info(job_id)
-        return None if info is None else self._open(job_id, info)
+        return None if info is None else self.open_archive(job_id, info)
 
-    def _open(self, job_id: str, info: ArchiveInfo) -> ArchivedHistory:
+    def open_archive(self, job_id: str, info: ArchiveInfo) -> ArchivedHistory:
         if info.version > FORMAT_VERSION:
             raise RuntimeError(f"Expected an archive of format version {FORMAT_VERSION} or older. Received: "
                                f"version={info.version} for job {job_id} (a newer mpjobs wrote it)")
@@ -69,7 +69,7 @@ class MetricHistory(RedisBacked):
 
     def archived_page(self, job_id: str, info: ArchiveInfo, after_step: int, limit: int) -> RawPage:
         """`read_metrics_raw` from the archive the job record describes (`info`), with no read of Redis."""
-        return raw_page(after_step, self._open(job_id, info).step_jsons(after_step, limit + 1), limit)
+        return raw_page(after_step, self.open_archive(job_id, info).step_jsons(after_step, limit + 1), limit)
 
     def read_layers(self, job_id: str, after_step: int, limit: int) -> LayersPage:
         page = self.streams.read_layers(job_id, after_step, limit)

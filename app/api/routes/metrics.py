@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -11,10 +10,14 @@ from fastapi.responses import StreamingResponse
 
 from app.api import services
 from app.api.deps import StoreDep, TenantDep
+from app.api.live_hub import LiveHub
 from app.api.params import AfterStep, JobIdDep, LastEventId, PageLimit, ResumeAfterStep, whole_number
 from app.api.resources import JOB_ERROR_RESPONSES
-from app.api.sse import stream_job
+from app.api.sse import LiveStream, stream_job
+from app.core.errors import JobNotFound, TooManyStreams
+from app.store.archive import ArchivedHistory, ArchiveInfo
 from app.store.export import csv_chunks
+from app.store.live_reads import job_head
 from mpjobs.contract.jobs import MetricsBuckets, MetricsPage
 
 router = APIRouter(prefix="/jobs/{job_id}/metrics", tags=["metrics"], responses=JOB_ERROR_RESPONSES)
@@ -69,12 +72,24 @@ async def stream_metrics(
     (`Last-Event-ID: N`, or `after=N`) sends the checks after step N and misses none; a connection cut
     between a check and its step's `metrics` event sends that check again (tell them apart by `step`).
     `Last-Event-ID` and `after` are steps, 0 to 10,000,000: anything else is a 422 naming it.
+
+    A stream that cannot go on ends with an `error` event, `{"reason", "detail"}`: `too_slow` (this client fell
+    STREAM_QUEUE_EVENTS behind), `redis_unavailable`, `internal_error` or `shutting_down`; resume with
+    `Last-Event-ID`. Past MAX_STREAMS open streams in this process: 503 with Retry-After, before any body.
     """
-    await run_in_threadpool(services.get, store, job_id, tenant)
+    live: LiveHub = request.app.state.live
+    if not live.admit():
+        raise TooManyStreams(live.max_streams)
+    try:
+        head = await job_head(live.lane, job_id)
+        if head.state is None or head.tenant != tenant:
+            raise JobNotFound(job_id)
+    except BaseException:
+        live.release()
+        raise
     start = last_event_id if last_event_id is not None else (after or 0)
-    return StreamingResponse(
-        stream_job(request.app.state.aredis, job_id, start, request.is_disconnected,
-                   archived=partial(run_in_threadpool, store.history.archived_history, job_id)),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+
+    async def archives(info: ArchiveInfo) -> ArchivedHistory:
+        return await run_in_threadpool(store.history.open_archive, job_id, info)
+
+    return LiveStream(stream_job(live, archives, job_id, start, head, request.is_disconnected), live.release)

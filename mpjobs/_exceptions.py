@@ -55,9 +55,12 @@ class ApiError(MpjobsError):
     """The API answered with an error status. `detail` is its body's `detail`: a message, or for a 422 the
     list of validation errors; `body` is the whole body."""
 
-    def __init__(self, status: int, reason: str, detail: Any, body: Any = None) -> None:
+    def __init__(self, status: int, reason: str, detail: Any, body: Any = None,
+                 retry_after: float | None = None) -> None:
         super().__init__(detail if isinstance(detail, str) else f"{status} {reason}: {detail}")
         self.status, self.reason, self.detail, self.body = status, reason, detail, body
+        self.retry_after = retry_after
+        """Seconds the API asked the client to wait before trying again (its Retry-After), if it said."""
 
 
 class ClientError(ApiError):
@@ -125,7 +128,8 @@ def error_for(response: httpx.Response) -> ApiError:
     detail = body.get("detail", body) if isinstance(body, dict) else (response.text.strip() or response.reason_phrase)
     code = response.status_code
     kind = _BY_STATUS.get(code, ClientError if code < 500 else ServerError)
-    return kind(code, response.reason_phrase, detail, body)
+    retry_after = response.headers.get("Retry-After", "")
+    return kind(code, response.reason_phrase, detail, body, float(retry_after) if retry_after.isdigit() else None)
 
 
 def raise_for(response: httpx.Response) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -14,15 +15,20 @@ from mpjobs._exceptions import ServerError, Unreachable, WaitTimeout, raise_for
 
 STREAM_READ_TIMEOUT_S = 30.0
 """A quiet stream (a queued job sends nothing) is reopened after this long; that is not an error."""
+log = logging.getLogger("mpjobs")
+
 GIVE_UP_S = 60.0
 """Reconnecting stops once the API has been unreachable (or answering 5xx) this long."""
 RECONNECT_S = 0.5
 """The pause before a dropped stream is reopened."""
+MAX_RETRY_AFTER_S = 30.0
+"""The longest pause a 503's Retry-After may ask for before the stream is reopened."""
 
 
 @dataclass(frozen=True)
 class Event:
-    """One Server-Sent Event: `kind` is `metrics` (its `id` the step), `layers`, `state` or `end`."""
+    """One Server-Sent Event: `kind` is `metrics` (its `id` the step), `layers`, `evaluation`, `state` or `end`
+    (`follow` handles `error`, the API's word that the stream ended early, by resuming)."""
 
     kind: str
     data: str
@@ -81,10 +87,18 @@ def follow(http: httpx.Client, job_id: str, after: int = 0, deadline: float | No
     while True:
         left = _left(deadline, job_id)
         read_timeout = STREAM_READ_TIMEOUT_S if left is None else max(0.1, min(left, STREAM_READ_TIMEOUT_S))
+        pause = RECONNECT_S
         try:
             for event in open_events(http, job_id, after, read_timeout):
                 heard = time.monotonic()
                 _left(deadline, job_id)
+                if event.kind == "error":
+                    # The API ended the stream early and said why (this client fell behind, Redis went away):
+                    # resume after the last step received.
+                    why = event.json()
+                    log.info("the stream of job %s ended early (%s): %s; resuming after step %d", job_id,
+                             why.get("reason"), why.get("detail"), after)
+                    break
                 if event.kind == "metrics":
                     step = int(event.id) if event.id is not None else event.json()["step"]
                     if step <= after:
@@ -104,8 +118,9 @@ def follow(http: httpx.Client, job_id: str, after: int = 0, deadline: float | No
         except (httpx.TransportError, ServerError) as exc:
             if time.monotonic() - heard > give_up_s:
                 raise Unreachable(f"lost the API at {url} for {give_up_s:.0f} s: {exc}") from exc
-        time.sleep(RECONNECT_S)  # the stream ended early or failed: reopen it after the last step received
-
+            if isinstance(exc, ServerError) and exc.retry_after is not None:
+                pause = min(max(exc.retry_after, RECONNECT_S), MAX_RETRY_AFTER_S)  # e.g. its stream limit
+        time.sleep(pause)  # the stream ended early or failed: reopen it after the last step received
 
 
 def _left(deadline: float | None, job_id: str) -> float | None:

@@ -138,7 +138,8 @@ function sleep(ms, signal) {
 }
 
 // Follows a job's metrics stream from step `after` until its `end` event, reconnecting with
-// `?after=<last step seen>` after a network error. `onStatus` gets "live" or "reconnecting".
+// `?after=<last step seen>` after a network error, a 5xx (waiting its Retry-After) or an `error` event
+// (the server ended the stream early, saying why). `onStatus` gets "live" or "reconnecting".
 // `onEvent` gets every event: `metrics` (one StepRecord; its id, the step, is where a reconnect
 // resumes), `layers` (one LayerCheck; no id, so it never moves the resume point), `state`, `end`.
 export async function followMetrics(jobId, { after, signal, onEvent, onStatus }) {
@@ -157,11 +158,19 @@ export async function followMetrics(jobId, { after, signal, onEvent, onStatus })
       if (!response.ok) {
         const error = new ApiError(response.status, await response.json().catch(() => null));
         if (response.status === 404 || response.status === 422) throw error;
+        const retryAfter = Number(response.headers.get("Retry-After"));
+        if (retryAfter > 0) wait = Math.min(Math.max(wait, retryAfter * 1000), RETRY_MAX_MS);
         throw Object.assign(error, { retry: true });
       }
       onStatus("live");
       for await (const event of parseSse(response.body)) {
         wait = RETRY_MIN_MS;
+        if (event.event === "error") {
+          // The server ended the stream early and said why (too_slow, redis_unavailable, ...): resume.
+          let why = {};
+          try { why = JSON.parse(event.data); } catch { /* a reason we cannot read is still a reason to resume */ }
+          throw Object.assign(new Error(why.detail || "the stream ended early"), { reason: why.reason });
+        }
         if (event.event === "metrics" && event.id !== null) after = Number(event.id);
         onEvent(event);
         if (event.event === "end") return "end";

@@ -6,7 +6,7 @@ EXTRAS ?= api,worker,dev,bench
 comma := ,
 INSTALLED := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install run test test-fast lint docs bench bench-tools train-example clean redis-server chromium
+.PHONY: install run test test-fast lint docs bench bench-tools train-example clean redis-server chromium node
 
 $(INSTALLED): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,10 +29,14 @@ chromium:
 	@(command -v chromium >/dev/null && command -v chromedriver >/dev/null) || \
 		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
 
+# The dashboard's stream reader (app/static/js/api.js) is also run by Node (18 or later: its fetch).
+node:
+	@command -v node >/dev/null || (apt-get update -qq && apt-get install -y -qq nodejs)
+
 # Two test processes, a file each at a time (module fixtures stay whole), in the order tests/conftest.py sets
 # (the minute-long files first; xdist would reorder by test count): the service tests spend much of
 # their time waiting on workers in other processes, so the suite takes about 11 minutes here, not 18.
-test: install redis-server chromium bench-tools lint
+test: install redis-server chromium node bench-tools lint
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # The fast loop: what needs no process but a redis-server, and trains for seconds at most (under two minutes here).

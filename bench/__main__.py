@@ -21,7 +21,7 @@ from pathlib import Path
 from bench.report import Row, machine, table
 
 BENCHMARKS = ("engine_overhead", "fp8_overhead", "float32_check", "speed_check", "service_overhead", "metric_delivery",
-              "api_throughput", "archived_reads", "scaling", "upload", "evaluation_cost", "peers")
+              "api_throughput", "archived_reads", "scaling", "upload", "evaluation_cost", "peers", "fanout")
 
 
 def main() -> None:

@@ -114,6 +114,7 @@ class LiveHub:
         joining a job no one watches starts its topic at the streams' tail (what is before it, the viewer
         reads itself). Raises what Redis raised when the topic could not start."""
         await self._open()
+        viewer = Viewer()
         while True:
             topic = self.topics.get(job_id)
             if topic is None:
@@ -127,16 +128,15 @@ class LiveHub:
                     raise
                 topic.sequencer = Sequencer(end.step, end.events)
                 topic.sequencer.terminal = end.terminal
+                topic.viewers.add(viewer)  # before any await: a topic started is never seen without a viewer
                 topic.started.set()
                 await self._unblock()
-                break
+                return viewer
             await topic.started.wait()
-            if topic.failed is None:
-                break
-            # the viewer that started it could not (gone, or Redis was): start it again
-        viewer = Viewer()
-        topic.viewers.add(viewer)
-        return viewer
+            if topic.failed is None and self.topics.get(job_id) is topic:
+                topic.viewers.add(viewer)
+                return viewer
+            # the viewer that started it could not (gone, or Redis was), or it ended meanwhile: start it again
 
     def leave(self, job_id: str, viewer: Viewer) -> None:
         """`viewer` stops watching; a topic with no viewer left is no longer read."""
@@ -176,10 +176,8 @@ class LiveHub:
         """Opens every connection the fan-out keeps, together, when the first viewer comes: how many it holds
         never depends on how many watch. Starts the reader."""
         if not self._opened:
-            pool = self.lane.connection_pool
-            connections = [await pool.get_connection() for _ in range(self.read_connections)]  # type: ignore[no-untyped-call]
-            for connection in connections:
-                await pool.release(connection)
+            # As many commands at once as the pool holds connections: it opens them all.
+            await asyncio.gather(*(self.lane.ping() for _ in range(self.read_connections)))
             self._opened = True
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="mpjobs-live-reader")

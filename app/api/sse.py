@@ -27,10 +27,9 @@ from app.store.live_reads import JobHead, evaluations_after, job_head, read_stre
 
 log = logging.getLogger("mpjobs.live")
 
-IDLE_S = 1.0
-"""How often a stream with nothing to send checks that its client is still there."""
 KEEPALIVE_S = 15.0
-"""A stream silent this long sends an SSE comment: proxies keep it open, and a client gone is noticed."""
+"""A stream silent this long sends an SSE comment: proxies keep it open, and a client gone is noticed where the
+server does not say so (Starlette ends a stream whose client left at once under uvicorn's ASGI 2.3)."""
 Archives = Callable[[ArchiveInfo], Awaitable[ArchivedHistory]]
 """Opens the archive a job record names (its files, read in a thread)."""
 
@@ -63,8 +62,8 @@ class LiveStream(StreamingResponse):
                 self._release()
 
 
-async def stream_job(live: LiveHub, archives: Archives, job_id: str, after_step: int, head: JobHead,
-                     disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
+async def stream_job(live: LiveHub, archives: Archives, job_id: str, after_step: int, head: JobHead
+                     ) -> AsyncIterator[str]:
     """`metrics` (id = step), `layers` and `evaluation` (no id) and `state` events, then `end` once the job is
     terminal; or, when the stream cannot go on, an `error` event. An evaluation or layer check at step s is
     sent just before the `metrics` event of step s (the worker writes it before that step); an archived
@@ -77,7 +76,7 @@ async def stream_job(live: LiveHub, archives: Archives, job_id: str, after_step:
     """
     sequencer = Sequencer(after_step)
     try:
-        async for text in _events(live, archives, job_id, sequencer, head, disconnected):
+        async for text in _events(live, archives, job_id, sequencer, head):
             yield text
     except UNAVAILABLE as exc:
         log.warning("a live stream of job %s lost redis: %s", job_id, exc)
@@ -88,11 +87,11 @@ async def stream_job(live: LiveHub, archives: Archives, job_id: str, after_step:
         yield error_event("internal_error", "the stream failed; resume after the last event id received")
 
 
-async def _events(live: LiveHub, archives: Archives, job_id: str, sequencer: Sequencer, head: JobHead,
-                  disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
+async def _events(live: LiveHub, archives: Archives, job_id: str, sequencer: Sequencer, head: JobHead
+                  ) -> AsyncIterator[str]:
     after_step = sequencer.sent_step
     if head.archived is not None:
-        async for text in _replay(await archives(head.archived), after_step, after_step, [], disconnected):
+        async for text in _replay(await archives(head.archived), after_step, after_step, []):
             yield text
         for record in await evaluations_after(live.lane, job_id, after_step):
             yield sse("evaluation", record)
@@ -101,39 +100,31 @@ async def _events(live: LiveHub, archives: Archives, job_id: str, sequencer: Seq
         yield sse("end", json.dumps({"state": (await job_head(live.lane, job_id)).state}))
         return
     # What Redis holds now, read alone: a viewer far behind never fills a queue while it catches up.
-    async for text in _catch_up(live, job_id, sequencer, disconnected):
+    async for text in _catch_up(live, job_id, sequencer):
         yield text
-    if not sequencer.whole and await disconnected():
-        return
     if sequencer.whole:
-        async for text in _finish(live, archives, job_id, sequencer, sequencer.cursor.checks, disconnected):
+        async for text in _finish(live, archives, job_id, sequencer, sequencer.cursor.checks):
             yield text
         return
     viewer = await live.join(job_id)
     try:
         # Joined: the queue gets every event the reader finds from now on. Read on to Redis's end, which
         # holds all the reader sent before; the queue's events this viewer already has are skipped.
-        async for text in _catch_up(live, job_id, sequencer, disconnected):
+        async for text in _catch_up(live, job_id, sequencer):
             yield text
         if sequencer.whole:
-            async for text in _finish(live, archives, job_id, sequencer, sequencer.cursor.checks, disconnected):
+            async for text in _finish(live, archives, job_id, sequencer, sequencer.cursor.checks):
                 yield text
             return
         # Checks and evaluations held for a later step: the reader sends them, in their places.
         sequencer.held.clear()
         sequencer.evaluations.clear()
-        step, state, quiet = sequencer.sent_step, sequencer.state_id, 0.0
+        step, state = sequencer.sent_step, sequencer.state_id
         while True:
-            got = await viewer.next(IDLE_S)
+            got = await viewer.next(KEEPALIVE_S)
             if got is None:
-                if await disconnected():
-                    return
-                quiet += IDLE_S
-                if quiet >= KEEPALIVE_S:
-                    quiet = 0.0
-                    yield ": keep-alive\n\n"
+                yield ": keep-alive\n\n"
                 continue
-            quiet = 0.0
             if isinstance(got, Ending):
                 sequencer.cursor.steps = step
                 if got.reason is not None:
@@ -142,7 +133,7 @@ async def _events(live: LiveHub, archives: Archives, job_id: str, sequencer: Seq
                 sequencer.held = deque(check for check in got.held if check[0] > step)
                 sequencer.evaluations = deque(record for record in got.evaluations if record[0] > step)
                 checks_read = max(sequencer.cursor.checks, got.checks_read)
-                async for text in _finish(live, archives, job_id, sequencer, checks_read, disconnected):
+                async for text in _finish(live, archives, job_id, sequencer, checks_read):
                     yield text
                 return
             texts = []
@@ -160,26 +151,25 @@ async def _events(live: LiveHub, archives: Archives, job_id: str, sequencer: Seq
         live.leave(job_id, viewer)
 
 
-async def _catch_up(live: LiveHub, job_id: str, sequencer: Sequencer,
-                    disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
+async def _catch_up(live: LiveHub, job_id: str, sequencer: Sequencer) -> AsyncIterator[str]:
     """Everything Redis holds past the sequencer's cursor, read in batches until one is not full."""
     while True:
         found = (await read_streams(live.lane, {job_id: sequencer.cursor}, BATCH, None))[job_id]
         items = sequencer.feed(found)
         if items:
             yield "".join(item.text for item in items)
-        if sequencer.whole or not full(found) or await disconnected():
+        if sequencer.whole or not full(found):
             return
 
 
-async def _finish(live: LiveHub, archives: Archives, job_id: str, sequencer: Sequencer, checks_read: int,
-                  disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
+async def _finish(live: LiveHub, archives: Archives, job_id: str, sequencer: Sequencer, checks_read: int
+                  ) -> AsyncIterator[str]:
     """The end of an ended job's stream: the archive's steps past the last sent (when its history was archived
     meanwhile), checks left without a step after them (their step lost to a Redis crash), evaluations, `end`."""
     head = await job_head(live.lane, job_id)
     if head.archived is not None:
         history = await archives(head.archived)
-        async for text in _replay(history, sequencer.sent_step, checks_read, list(sequencer.held), disconnected):
+        async for text in _replay(history, sequencer.sent_step, checks_read, list(sequencer.held)):
             yield text
     else:
         for _, check in sequencer.held:
@@ -189,12 +179,12 @@ async def _finish(live: LiveHub, archives: Archives, job_id: str, sequencer: Seq
     yield sse("end", json.dumps({"state": head.state}))
 
 
-async def _replay(history: ArchivedHistory, after_step: int, checks_after: int, held: list[tuple[int, str]],
-                  disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
+async def _replay(history: ArchivedHistory, after_step: int, checks_after: int, held: list[tuple[int, str]]
+                  ) -> AsyncIterator[str]:
     """The archive's steps after `after_step` with its checks after `checks_after` (`held` before them), each
     check just before its step's event, as the live stream sends them; then checks past the last step."""
     checks: deque[tuple[int, str]] = deque(held + await run_in_threadpool(history.layer_checks, checks_after))
-    while not await disconnected():
+    while True:
         steps = await run_in_threadpool(history.step_jsons, after_step, BATCH)
         if not steps:
             break

@@ -74,7 +74,7 @@ async def stream_metrics(
     `Last-Event-ID` and `after` are steps, 0 to 10,000,000: anything else is a 422 naming it.
 
     A stream that cannot go on ends with an `error` event, `{"reason", "detail"}`: `too_slow` (this client fell
-    STREAM_QUEUE_EVENTS behind), `redis_unavailable`, `internal_error` or `shutting_down`; resume with
+    STREAM_QUEUE_EVENTS behind), `redis_unavailable` or `internal_error`; resume with
     `Last-Event-ID`. Past MAX_STREAMS open streams in this process: 503 with Retry-After, before any body.
     """
     live: LiveHub = request.app.state.live
@@ -92,4 +92,4 @@ async def stream_metrics(
     async def archives(info: ArchiveInfo) -> ArchivedHistory:
         return await run_in_threadpool(store.history.open_archive, job_id, info)
 
-    return LiveStream(stream_job(live, archives, job_id, start, head, request.is_disconnected), live.release)
+    return LiveStream(stream_job(live, archives, job_id, start, head), live.release)

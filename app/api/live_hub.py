@@ -127,10 +127,15 @@ class LiveHub:
                     topic.started.set()
                     raise
                 topic.sequencer = Sequencer(end.step, end.events)
+                topic.sequencer.cursor.evaluations = end.evaluations  # one stored after its step is read too
                 topic.sequencer.terminal = end.terminal
                 topic.viewers.add(viewer)  # before any await: a topic started is never seen without a viewer
                 topic.started.set()
-                await self._unblock()
+                try:
+                    await self._unblock()
+                except BaseException:
+                    self.leave(job_id, viewer)  # its stream was cancelled: it never reaches its own leave()
+                    raise
                 return viewer
             await topic.started.wait()
             if topic.failed is None and self.topics.get(job_id) is topic:
@@ -182,6 +187,11 @@ class LiveHub:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="mpjobs-live-reader")
 
+    def _reconnected(self, connection: object) -> None:
+        """The reader's connection was made again (redis-py retries a command once on a new one): its CLIENT ID
+        changed, so none is unblocked until the reader has read the new one."""
+        self._reader_id = None
+
     async def _unblock(self) -> None:
         """Wakes the reader, so that its next XREAD takes in a job just joined."""
         self._wake.set()
@@ -201,6 +211,9 @@ class LiveHub:
             block = None if any(topic.sequencer.terminal for topic in topics) else BLOCK_MS
             try:
                 if self._reader_id is None:
+                    await self.reader.initialize()
+                    assert self.reader.connection is not None
+                    self.reader.connection.register_connect_callback(self._reconnected)  # type: ignore[no-untyped-call]
                     self._reader_id = int(await self.reader.client_id())
                 found = await read_streams(self.reader, {t.job_id: t.sequencer.cursor for t in topics}, BATCH, block)
                 self._deliver(topics, found)

@@ -47,7 +47,8 @@ class Item:
 
     def after(self, step: int, state_id: tuple[int, int]) -> bool:
         """Whether this event comes after a viewer that has been sent every step up to `step` (each with the
-        checks and evaluations before it) and every state change up to `state_id`."""
+        checks before it) and every state change up to `state_id`. (Not for an evaluation: one may be stored
+        after its step, so a viewer places it by the last evaluation it read.)"""
         return self.state_id > state_id if self.kind == "state" else self.step > step
 
 

@@ -116,10 +116,12 @@ async def _events(live: LiveHub, archives: Archives, job_id: str, sequencer: Seq
             async for text in _finish(live, archives, job_id, sequencer, sequencer.cursor.checks):
                 yield text
             return
-        # Checks and evaluations held for a later step: the reader sends them, in their places.
+        # Checks held for a later step: the reader sends them, in their places (a check is stored before its
+        # step). An evaluation may be stored after its step: this viewer sends those it read itself, and takes
+        # from the reader only those past the last it read.
         sequencer.held.clear()
-        sequencer.evaluations.clear()
-        step, state = sequencer.sent_step, sequencer.state_id
+        step, state, evaluations_read = sequencer.sent_step, sequencer.state_id, sequencer.cursor.evaluations
+        held = sequencer.evaluations
         while True:
             got = await viewer.next(KEEPALIVE_S)
             if got is None:
@@ -131,19 +133,25 @@ async def _events(live: LiveHub, archives: Archives, job_id: str, sequencer: Seq
                     yield error_event(got.reason, got.detail)
                     return
                 sequencer.held = deque(check for check in got.held if check[0] > step)
-                sequencer.evaluations = deque(record for record in got.evaluations if record[0] > step)
+                held.extend(record for record in got.evaluations if record[0] > evaluations_read)
                 checks_read = max(sequencer.cursor.checks, got.checks_read)
                 async for text in _finish(live, archives, job_id, sequencer, checks_read):
                     yield text
                 return
             texts = []
             for item in got:
-                if item.after(step, state):
-                    texts.append(item.text)
+                if item.kind == "evaluation":
+                    if item.step > evaluations_read:
+                        texts.append(item.text)
+                        evaluations_read = item.step
+                elif item.after(step, state):
                     if item.kind == "metrics":
+                        while held and held[0][0] <= item.step:
+                            texts.append(sse("evaluation", held.popleft()[1]))
                         step = item.step
                     elif item.kind == "state":
                         state = item.state_id
+                    texts.append(item.text)
             sequencer.cursor.steps = step
             if texts:
                 yield "".join(texts)

@@ -104,10 +104,12 @@ async def job_head(aredis: Redis, job_id: str) -> JobHead:
 
 @dataclass(frozen=True)
 class Tail:
-    """Where a job's streams end now: its last step (0 before one), its last transition's id, whether it ended."""
+    """Where a job's streams end now: its last step (0 before one), its last transition's id, its last evaluation's
+    step (0 before one), whether it ended."""
 
     step: int
     events: str
+    evaluations: int
     terminal: bool
 
 
@@ -115,9 +117,11 @@ async def tail(aredis: Redis, job_id: str) -> Tail:
     async with aredis.pipeline(transaction=False) as pipe:
         pipe.xrevrange(metrics_key(job_id), count=1)
         pipe.xrevrange(events_key(job_id), count=1)
+        pipe.xrevrange(evaluations_key(job_id), count=1)
         pipe.hget(job_key(job_id), "state")
-        last_step, last_event, state = await pipe.execute()
+        last_step, last_event, last_evaluation, state = await pipe.execute()
     return Tail(number_of(last_step[0][0]) if last_step else 0, last_event[0][0] if last_event else "0-0",
+                number_of(last_evaluation[0][0]) if last_evaluation else 0,
                 state is not None and JobState(state).terminal)
 
 

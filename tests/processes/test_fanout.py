@@ -24,6 +24,7 @@ from mpjobs._stream import follow
 from mpjobs.contract.jobs import JobState
 from scripts.sse_client import Stream, open_stream
 from scripts.stack import Stack, private_stack, wait_until
+from tests.app.store.test_evaluations_store import evaluation
 from tests.app.store.test_layer_checks import check
 from tests.app.store.test_missing_steps import finish, record
 
@@ -146,8 +147,9 @@ def test_a_slow_viewer_is_dropped_with_its_event_and_resumes_losing_nothing(live
 
 
 def test_viewers_joining_mid_run_get_every_step_once(live: Stack) -> None:
-    """While steps land every few ms (a check every 7), viewers join at staggered moments, from the start or
-    from a Last-Event-ID halfway back: the first of them starts the job's reader, the others join it."""
+    """While steps land every few ms (a check every 7, stored before its step; an evaluation every 30, stored
+    after its step as the worker's last one is), viewers join at staggered moments, from the start or from a
+    Last-Event-ID halfway back: the first of them starts the job's reader, the others join it."""
     store = producer(live)
     job_id = running_job(live, store)
     total = 600
@@ -157,6 +159,8 @@ def test_viewers_joining_mid_run_get_every_step_once(live: Stack) -> None:
         nonlocal written
         for first in range(1, total + 1, 3):
             write(store, job_id, first, first + 2, checks_every=7)
+            if (first + 2) % 30 == 0:
+                store.evaluations.append(job_id, [evaluation(first + 2)])
             written = first + 2
             time.sleep(0.004)
         finish(store, job_id, total)
@@ -184,7 +188,10 @@ def test_viewers_joining_mid_run_get_every_step_once(live: Stack) -> None:
         assert checks == [s for s in range(after + 1, total + 1) if s % 7 == 0]
         for i, (kind, step) in enumerate(kinds):
             if kind == "layers":
-                assert kinds[i + 1] == ("metrics", step), "each check just before its step"
+                following = next(event for event in kinds[i + 1:] if event[0] != "evaluation")
+                assert following == ("metrics", step), "each check just before its step (its evaluation between)"
+        evaluations = [step for kind, step in kinds if kind == "evaluation"]
+        assert evaluations == [s for s in range(after + 1, total + 1) if s % 30 == 0], f"joined after step {after}"
 
 
 def test_a_redis_restart_ends_every_stream_with_an_error_event_and_clients_resume(live: Stack) -> None:

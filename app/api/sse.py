@@ -3,7 +3,7 @@
 A viewer first catches up on what Redis (or the job's archive) holds past its Last-Event-ID, on the live
 fan-out's small pool, then joins the process's one reader of the job (app/api/live_hub.py) without a gap or
 a repeat. Once the headers are sent a stream never just stops: it ends with `end`, or with an `error` event
-naming why (`too_slow`, `redis_unavailable`, `internal_error`, `shutting_down`), after which the client
+naming why (`too_slow`, `redis_unavailable`, `internal_error`), after which the client
 resumes from the last event id it received.
 """
 
@@ -13,7 +13,6 @@ import json
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
@@ -196,7 +195,7 @@ async def _replay(history: ArchivedHistory, after_step: int, checks_after: int, 
         steps = await run_in_threadpool(history.step_jsons, after_step, BATCH)
         if not steps:
             break
-        texts: list[Any] = []
+        texts: list[str] = []
         for step, data in steps:
             while checks and checks[0][0] <= step:
                 texts.append(sse("layers", checks.popleft()[1]))
